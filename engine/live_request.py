@@ -1,0 +1,126 @@
+"""One vLLM streaming-input request: the KV of a session lives here while it is open.
+
+vLLM 0.32 appends each `StreamingInput` to the request and keeps the KV between them. Every
+intermediate input is prefill-only (`max_tokens=1`); vLLM still samples one token per input and
+discards it from the sequence before the next input, so we drop exactly one token per
+intermediate input from the output stream. Tokens after those belong to the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from vllm import SamplingParams
+from vllm.engine.protocol import StreamingInput
+from vllm.inputs import TokensPrompt
+from vllm.sampling_params import RequestOutputKind
+
+_PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA)
+_STREAM_END = None
+
+
+class LiveRequest:
+    """Feeds inputs to `AsyncLLM.generate` and sorts what comes back into throwaway and answer."""
+
+    def __init__(self, llm, on_prefilled=None):
+        self.request_id = f"s2l-{uuid.uuid4().hex[:12]}"
+        self._llm = llm
+        self._inputs: asyncio.Queue = asyncio.Queue()
+        self._turn_lengths: list[int] = []  # context length after each intermediate input
+        self._context_len = 0
+        self._tokens_seen = 0
+        self._final_submitted = False
+        self._answer: asyncio.Queue = asyncio.Queue()
+        self._on_prefilled = on_prefilled
+        self.prefilled_tokens = 0
+        self.cached_tokens: int | None = None
+        self.first_answer_at: float | None = None
+        self._prefilled = asyncio.Event()
+        self._prefilled.set()
+        self.is_replacement = False  # started by an update: its prefill counts as recomputation
+        self._task = asyncio.create_task(self._read())
+
+    def add_context(self, token_ids: list[int]) -> None:
+        # The engine mutates the first prompt's list in place: always hand over a copy.
+        self._context_len += len(token_ids)
+        self._turn_lengths.append(self._context_len)
+        self._prefilled.clear()
+        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(token_ids)), _PREFILL_ONLY))
+
+    def add_final(self, token_ids: list[int], params: SamplingParams) -> None:
+        self._final_submitted = True
+        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(token_ids)), params))
+        self._inputs.put_nowait(_STREAM_END)
+
+    @property
+    def recomputed_tokens(self) -> int:
+        """Tokens of a replacement's first input that the prefix cache could not supply."""
+        if not self.is_replacement or self.cached_tokens is None or not self._turn_lengths:
+            return 0
+        return max(0, self._turn_lengths[0] - self.cached_tokens)
+
+    @property
+    def all_prefilled(self) -> bool:
+        return self.prefilled_tokens >= self._context_len
+
+    async def wait_prefilled(self) -> None:
+        waiter = asyncio.ensure_future(self._prefilled.wait())
+        done, _ = await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        if waiter not in done:
+            waiter.cancel()
+            raise RuntimeError("the engine request ended before its context was prefilled")
+
+    async def answer(self) -> AsyncIterator[tuple[list[int], bool, str | None]]:
+        """(new answer token ids, finished, finish reason) as they come; raises engine errors."""
+        while True:
+            item = await self._answer.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item[1]:
+                return
+
+    async def close(self) -> None:
+        """Abort in vLLM (cancelling generate() aborts the request) and wait until it is gone."""
+        if not self._task.done():
+            self._task.cancel()
+        try:
+            await self._task
+        except (asyncio.CancelledError, Exception):
+            pass
+
+    async def _input_stream(self):
+        while (item := await self._inputs.get()) is not _STREAM_END:
+            yield item
+
+    async def _read(self) -> None:
+        try:
+            async for output in self._llm.generate(self._input_stream(), _PREFILL_ONLY, self.request_id):
+                self._consume(output)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # surfaced to whoever waits for the answer
+            self._answer.put_nowait(error)
+
+    def _consume(self, output) -> None:
+        if self.cached_tokens is None and output.num_cached_tokens is not None:
+            self.cached_tokens = output.num_cached_tokens
+        completion = output.outputs[0]
+        answer_ids = []
+        for token in completion.token_ids:
+            if self._tokens_seen < len(self._turn_lengths):
+                self.prefilled_tokens = self._turn_lengths[self._tokens_seen]
+                if self._on_prefilled:
+                    self._on_prefilled(self.prefilled_tokens)
+                if self.prefilled_tokens >= self._context_len:
+                    self._prefilled.set()
+            elif self._final_submitted:
+                answer_ids.append(token)
+            self._tokens_seen += 1
+        if answer_ids and self.first_answer_at is None:
+            self.first_answer_at = time.monotonic()
+        if answer_ids or output.finished:
+            self._answer.put_nowait((answer_ids, output.finished, completion.finish_reason))

@@ -1,0 +1,76 @@
+"""Session bookkeeping and input checks. No vLLM here: this is the state the engine guards."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.api import InvalidInputError, SessionStats
+
+
+class SessionState(enum.Enum):
+    OPEN = "open"
+    FINISHING = "finishing"
+    CLOSED = "closed"
+
+
+@dataclass
+class Session:
+    session_id: str
+    stats: SessionStats
+    context: list[int] = field(default_factory=list)
+    state: SessionState = SessionState.OPEN
+    busy: bool = False
+    request: Any = None  # the live engine request holding this session's KV, if any
+
+
+def longest_common_prefix(old: Sequence[int], new: Sequence[int]) -> int:
+    limit = min(len(old), len(new))
+    for index in range(limit):
+        if old[index] != new[index]:
+            return index
+    return limit
+
+
+def check_text(text: str | bytes) -> str:
+    """Text must be valid UTF-8: bytes are decoded strictly; str may not hold lone surrogates."""
+    if isinstance(text, bytes):
+        try:
+            return text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidInputError(f"text is not valid UTF-8: {error}") from None
+    if not isinstance(text, str):
+        raise InvalidInputError(f"text must be str or bytes, not {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidInputError(f"text is not valid UTF-8: {error}") from None
+    return text
+
+
+def check_token_ids(token_ids: Sequence[int], vocab_size: int) -> list[int]:
+    ids = list(token_ids)
+    bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidInputError(f"token ids must be ints in [0, {vocab_size}); got {bad[:5]}")
+    return ids
+
+
+class IncrementalDetokenizer:
+    """Turns answer token ids into text deltas; holds back a trailing partial UTF-8 character."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self._ids: list[int] = []
+        self._emitted = ""
+
+    def push(self, token_ids: Sequence[int], final: bool = False) -> str:
+        self._ids.extend(token_ids)
+        text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") and not final:
+            return ""
+        delta = text[len(self._emitted):] if text.startswith(self._emitted) else text
+        self._emitted = text
+        return delta

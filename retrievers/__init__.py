@@ -1,0 +1,1 @@
+"""Retrievers: sources of context chunks emitted as streams (crawler, FAISS, trace replay)."""
