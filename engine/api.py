@@ -147,11 +147,11 @@ class StreamingEngine(ABC):
     @abstractmethod
     def generate(self, prompt: str | None = None, token_ids: Sequence[int] | None = None,
                  sampling: SamplingConfig | None = None, stats: SessionStats | None = None,
-                 isolated: bool = False) -> AsyncIterator[OutputDelta]:
+                 cache_salt: str | None = None) -> AsyncIterator[OutputDelta]:
         """Baseline: one-shot (non-streaming) generation on the same engine.
 
-        `isolated` keeps the request away from KV cached by other requests (a fresh cache salt), so a
-        baseline measurement pays the full prefill even right after a streamed run of the same prompt.
+        Requests with different `cache_salt`s never share prefix-cached KV: a fresh salt makes a
+        baseline pay the full prefill even right after a streamed run of the same prompt.
         """
 
     @abstractmethod

@@ -227,7 +227,7 @@ class VLLMStreamingEngine(StreamingEngine):
 
     # ---- baseline and introspection -----------------------------------------------------
     async def generate(self, prompt=None, token_ids=None, sampling: SamplingConfig | None = None,
-                       stats: SessionStats | None = None, isolated: bool = False,
+                       stats: SessionStats | None = None, cache_salt: str | None = None,
                        ) -> AsyncIterator[OutputDelta]:
         from vllm.inputs import TokensPrompt
 
@@ -240,8 +240,8 @@ class VLLMStreamingEngine(StreamingEngine):
         detok = IncrementalDetokenizer(self._tokenizer)
         request_id = f"gen-{stats.session_id}"
         prompt_input = TokensPrompt(prompt_token_ids=list(ids))
-        if isolated:
-            prompt_input["cache_salt"] = request_id
+        if cache_salt is not None:
+            prompt_input["cache_salt"] = cache_salt
         async for output in self._llm.generate(prompt_input, _sampling_params(sampling), request_id):
             completion = output.outputs[0]
             if completion.token_ids and stats.first_token_at is None:
