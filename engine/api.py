@@ -41,6 +41,9 @@ class ContextTooLongError(EngineError):
             f"(max_model_len minus the answer budget); session {state}"
         )
 
+    def __reduce__(self):  # Ray re-raises errors on the caller's side by rebuilding them
+        return (type(self), (self.num_tokens, self.limit, self.session_closed))
+
 
 class InvalidInputError(EngineError):
     """The input itself is malformed (invalid UTF-8, token id out of range, empty question, ...)."""

@@ -40,6 +40,9 @@ async def create_engine(config: EngineConfig) -> "VLLMStreamingEngine":
     from engine.models import resolve_model
     from engine.vllm_stats import KvSnapshot, snapshot_logger_factory
 
+    from scheduler.policies import make_policy
+
+    make_policy(config.policy)  # fail fast, in this process, on an unknown policy name
     _cpu_environment()
     model_path = resolve_model(config.model)
     args = AsyncEngineArgs(
@@ -48,7 +51,9 @@ async def create_engine(config: EngineConfig) -> "VLLMStreamingEngine":
         enable_prefix_caching=config.enable_prefix_caching, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens, enforce_eager=True,
         distributed_executor_backend="uni",
-        dtype=config.dtype, seed=config.seed, disable_log_stats=False, **config.extra_engine_args,
+        dtype=config.dtype, seed=config.seed, disable_log_stats=False,
+        scheduler_cls="engine.vllm_scheduler.StreamingScheduler",
+        additional_config={"stream2llm_policy": config.policy}, **config.extra_engine_args,
     )
     snapshot = KvSnapshot()
     llm = AsyncLLM.from_engine_args(args, stat_loggers=[snapshot_logger_factory(snapshot)])
@@ -269,7 +274,8 @@ class VLLMStreamingEngine(StreamingEngine):
         return EngineStats(
             kv_blocks_total=total, kv_blocks_used=round(self._snapshot.usage * total),
             block_size=cache.block_size, sessions_active=len(sessions), sessions_idle=idle,
-            sessions_decoding=decoding, preemptions=self._snapshot.preemptions,
+            sessions_decoding=decoding,
+            preemptions=self._snapshot.preemptions,
             extra={"engine_steps": self._snapshot.steps, "running": self._snapshot.num_running,
                    "waiting": self._snapshot.num_waiting},
         )

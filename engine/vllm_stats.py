@@ -12,7 +12,7 @@ class KvSnapshot:
     usage: float = 0.0
     num_running: int = 0
     num_waiting: int = 0
-    preemptions: int = 0
+    preemptions: int = 0  # vLLM's own preemptions plus idle sessions evicted by our scheduler
     steps: int = 0
 
 

@@ -26,6 +26,7 @@ def _optional_subcommands() -> None:
         "sim": ("scheduler.cli_sim", "discrete-event simulation of scheduling policies"),
         "calibrate": ("engine.calibrate", "measure recompute latency and write a cost model"),
         "serve": ("pipeline.cli_serve", "run the Ray Serve application"),
+        "index": ("retrievers.cli_index", "build the FAISS index over the corpus"),
         "bench": ("pipeline.cli_bench", "replay traces against the running app"),
     }
     for name, (module, help_text) in extra.items():

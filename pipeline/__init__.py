@@ -1,0 +1,1 @@
+"""stream2llm on Ray Serve: config, app builder, ingress, engine replicas, central scheduler wiring."""

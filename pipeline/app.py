@@ -1,0 +1,87 @@
+"""Build the Ray Serve application from one `AppConfig`.
+
+    from pipeline.app import build_app
+    serve.run(build_app(AppConfig()), name="stream2llm")
+
+Serve config files / CLI use the import path with arguments (an `AppConfig` as a dict; unknown
+keys are rejected):
+
+    serve run pipeline.app:app_builder model.model=tiny          # dotted overrides
+    # or in a Serve config file:  import_path: pipeline.app:app_builder, args: {model: {model: tiny}}
+"""
+
+from __future__ import annotations
+
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+from pipeline.autoscale import autoscaling_config
+from pipeline.config import AppConfig, load_config
+from pipeline.ingress import IngressRoutes, api
+from pipeline.replica import EngineReplica
+from pipeline.router import AffinityRouter
+
+ENGINE_DEPLOYMENT = "EngineReplica"
+INGRESS_DEPLOYMENT = "Ingress"
+
+
+def engine_deployment(config: AppConfig):
+    r = config.replicas
+    options = {
+        "name": ENGINE_DEPLOYMENT,
+        "ray_actor_options": r.actor_options(),
+        "max_ongoing_requests": r.max_ongoing_requests,
+        "health_check_period_s": 5.0,
+        "request_router_config": RequestRouterConfig(
+            request_router_class=AffinityRouter,
+            request_routing_stats_period_s=r.report_interval_s,
+            request_routing_stats_timeout_s=max(5.0, 5 * r.report_interval_s),
+        ),
+    }
+    scaling = autoscaling_config(r)
+    if scaling is None:
+        options["num_replicas"] = r.min_replicas
+    else:
+        options["autoscaling_config"] = scaling
+    return serve.deployment(EngineReplica).options(**options)
+
+
+def ingress_deployment(config: AppConfig):
+    return serve.deployment(serve.ingress(api)(IngressRoutes)).options(
+        name=INGRESS_DEPLOYMENT, num_replicas=1,
+        ray_actor_options={"num_cpus": config.replicas.ingress_num_cpus},
+        max_ongoing_requests=1024,
+    )
+
+
+def build_app(config: AppConfig | None = None):
+    """The Serve application: HTTP ingress -> engine replicas (+ central scheduler actor)."""
+    config = config or AppConfig()
+    data = config.model_dump(mode="json")
+    engine = engine_deployment(config).bind(data)
+    return ingress_deployment(config).bind(engine, data)
+
+
+def app_builder(args: dict):
+    """Entry point of `serve run pipeline.app:app_builder` and Serve config files.
+
+    `args` is an `AppConfig` dict; keys containing dots (`model.model=tiny`, as the `serve run`
+    command line passes them) are applied as nested overrides; `config_file` loads a YAML first.
+    """
+    args = dict(args or {})
+    path = args.pop("config_file", None)
+    dotted = {k: _scalar(v) for k, v in args.items() if "." in k}
+    nested = {k: v for k, v in args.items() if "." not in k}
+    config = load_config(path, overrides=dotted) if path or dotted else AppConfig()
+    if nested:
+        config = AppConfig.model_validate({**config.model_dump(), **nested})
+    return build_app(config)
+
+
+def _scalar(value):
+    """`serve run` passes command-line args as strings: turn numbers and booleans back."""
+    if not isinstance(value, str):
+        return value
+    import yaml
+
+    return yaml.safe_load(value)

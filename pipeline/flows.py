@@ -1,0 +1,114 @@
+"""What the HTTP routes do, as async generators of (event, data) pairs; no HTTP here.
+
+`answer_events` decodes a session that already holds its context; `rag_events` streams a source's
+context into a fresh session while retrieval runs, then answers. Any exit other than a complete
+answer (error, client disconnect = cancellation) aborts the session so its KV is freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from pipeline.prompt import rag_footer, rag_header
+from pipeline.sessions import SessionLog
+from pipeline.sources import (AppendChunk, Done, ReplaceContext, SourceError, citation, event_text,
+                              open_source, source_type)
+
+
+async def answer_events(ing, session: SessionLog, question: str, sampling: dict, endpoint: str):
+    """Yield ("token", delta) ... ("final", summary) and release the session; abort if cut short."""
+    finished = False
+    try:
+        async with session.lock:
+            session.touch()
+            final_stats = None
+            async for item in ing.client.finish(session, question, sampling):
+                if "stats" in item:
+                    final_stats = item["stats"]
+                    break
+                yield "token", {"text": item["text"], "token_ids": item["token_ids"],
+                                "finish_reason": item["finish_reason"]}
+            finished = True
+        stats = final_stats or {}
+        ing.metrics.observe_final(endpoint, stats)
+        if session.recovered:
+            ing.metrics.recovered.inc()
+        yield "final", final_event(session, stats)
+    finally:
+        ing.sessions.pop(session.session_id)
+        if finished:
+            await ing.client.release(session, session.context_tokens)
+        else:
+            ing.metrics.aborted.labels("cut_short").inc()
+            await asyncio.shield(_abort(ing, session))
+
+
+async def _abort(ing, session: SessionLog) -> None:
+    try:
+        await ing.client.abort(session)
+    except Exception:  # best effort: the replica's TTL sweep frees it otherwise
+        pass
+
+
+def final_event(session: SessionLog, stats: dict) -> dict:
+    return {
+        "session_id": session.session_id,
+        "replica_id": stats.get("replica_id", session.replica_id),
+        "node_id": stats.get("node_id", session.node_id),
+        "recovered": session.recovered > 0,
+        "citations": session.sources,
+        "ttft_s": stats.get("ttft_s"),
+        "tokens_prefilled_before_finish": stats.get("tokens_prefilled_before_finish"),
+        "tokens_invalidated": stats.get("tokens_invalidated"),
+        "context_tokens": stats.get("context_tokens", session.context_tokens),
+        "output_tokens": stats.get("output_tokens"),
+        "chunks": session.chunks,
+        "open_s": round(time.monotonic() - session.created_at, 4),
+    }
+
+
+async def rag_events(ing, request):
+    """Open a session, stream the source's context into it as it arrives, then answer."""
+    started = time.monotonic()
+    session = await ing.client.open(source_type(request.source))
+    ing.sessions.add(session)
+    handed_over = False
+    try:
+        async with session.lock:
+            await ing.client.add(session, "append", rag_header())
+            async for event in open_source(request.source, request.question, ing.actors):
+                item = await _context_event(ing, session, event)
+                if item is not None:
+                    yield item
+                if isinstance(event, Done):
+                    break
+        retrieval_s = time.monotonic() - started
+        handed_over = True
+        sampling = request.sampling.model_dump()
+        async for name, data in answer_events(ing, session, rag_footer(request.question), sampling, "rag"):
+            if name == "final":
+                data = {**data, "retrieval_s": round(retrieval_s, 4)}
+            yield name, data
+    finally:
+        if not handed_over:
+            ing.sessions.pop(session.session_id)
+            await asyncio.shield(_abort(ing, session))
+
+
+async def _context_event(ing, session: SessionLog, event):
+    if isinstance(event, SourceError):
+        return "source_error", {"source": event.source, "reason": event.reason}
+    if isinstance(event, Done):
+        return "retrieval_done", dict(event.summary)
+    if isinstance(event, AppendChunk):
+        ing.sessions.check_chunk_room(session)
+        tokens = await ing.client.add(session, "append", event_text(event))
+        session.sources.extend(citation(event))
+        return "context", {"mode": "append", "sources": citation(event), "context_tokens": tokens}
+    if isinstance(event, ReplaceContext):
+        ing.sessions.check_chunk_room(session)
+        tokens = await ing.client.add(session, "replace", rag_header() + event_text(event))
+        session.sources[:] = citation(event)
+        return "context", {"mode": "replace", "sources": citation(event), "context_tokens": tokens}
+    return None

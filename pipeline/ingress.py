@@ -1,0 +1,206 @@
+"""FastAPI ingress deployment: /v1/rag, the streaming-input API, OpenAI routes, health, metrics.
+
+Routes are thin: they validate (pydantic), then run a flow from `pipeline.flows` or
+`pipeline.openai_routes`. Errors become `{"error", "reason"}` with a 4xx status (429 with
+Retry-After when admission is refused); errors after an SSE stream started become an `error` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from pipeline import openai_routes
+from pipeline.central import get_or_create_scheduler
+from pipeline.client import EngineClient
+from pipeline.config import AppConfig
+from pipeline.errors import AdmissionRejected, LimitExceeded, unwrap
+from pipeline.flows import answer_events, rag_events
+from pipeline.http_util import LimitsMiddleware, error_response, event_stream, first_then_rest, validation_response
+from pipeline.metrics import PipelineMetrics
+from pipeline.retriever_actors import RetrieverActors
+from pipeline.schemas import (ChatCompletionRequest, ChunkBody, CompletionRequest, FinishBody, OpenStream,
+                              RagRequest, ReplaceBody)
+from pipeline.sessions import SessionTable
+from pipeline.sources import format_piece
+
+log = logging.getLogger("stream2llm.ingress")
+
+api = FastAPI(title="stream2llm", description="Streaming RAG on Ray Serve")
+api.add_exception_handler(RequestValidationError, validation_response)
+api.add_middleware(LimitsMiddleware)
+
+
+class Ingress:
+    def __init__(self, engine_handle, config: dict):
+        self.config = AppConfig.model_validate(config)
+        limits = self.config.limits
+        self.scheduler = get_or_create_scheduler(self.config)
+        self.client = EngineClient(engine_handle, self.scheduler, limits)
+        self.handle = engine_handle
+        self.sessions = SessionTable(limits.session_ttl_s, limits.max_chunks_per_session)
+        self.metrics = PipelineMetrics()
+        self.actors = RetrieverActors(self.config)
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        LimitsMiddleware.configure(limits.max_request_bytes, self.config.auth.bearer_tokens)
+
+    async def _sweep(self) -> None:
+        """Drop logs idle past the TTL and abort their replica sessions."""
+        while True:
+            await asyncio.sleep(min(5.0, self.config.limits.session_ttl_s / 4))
+            for session in self.sessions.expired():
+                self.metrics.aborted.labels("ttl").inc()
+                try:
+                    await self.client.abort(session)
+                except Exception as e:
+                    log.warning("TTL abort of %s failed: %r", session.session_id, e)
+
+    async def _run(self, coro):
+        try:
+            return await coro
+        except Exception as e:
+            if isinstance(unwrap(e), AdmissionRejected):
+                self.metrics.rejected.inc()
+            return error_response(e)
+
+
+def _route(method: str, path: str, **kw):
+    return getattr(api, method)(path, **kw)
+
+
+class IngressRoutes(Ingress):
+    @_route("get", "/healthz")
+    async def healthz(self):
+        pressure = await self.scheduler.pressure.remote()
+        ok = pressure["replicas"] > 0
+        return JSONResponse({"ok": ok, "replicas": pressure["replicas"], "sessions": len(self.sessions)},
+                            status_code=200 if ok else 503)
+
+    @_route("get", "/metrics")
+    async def metrics_route(self):
+        replicas, pressure = await asyncio.gather(self.scheduler.replicas.remote(),
+                                                  self.scheduler.pressure.remote())
+        self.metrics.refresh(replicas, pressure)
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    @_route("get", "/v1/cluster")
+    async def cluster(self):
+        replicas, pressure = await asyncio.gather(self.scheduler.replicas.remote(),
+                                                  self.scheduler.pressure.remote())
+        return {"pressure": pressure, "replicas": replicas}
+
+    @_route("post", "/v1/rag")
+    async def rag(self, body: RagRequest):
+        return await self._run(self._rag(body))
+
+    def _check_answer_budget(self, sampling) -> None:
+        limit = self.config.limits.max_answer_tokens
+        if sampling.max_tokens > limit:
+            raise LimitExceeded(f"max_tokens {sampling.max_tokens} exceeds the limit of {limit}")
+
+    async def _rag(self, body: RagRequest):
+        self._check_answer_budget(body.sampling)
+        events = await first_then_rest(rag_events(self, body))
+        if body.stream:
+            return event_stream(events)
+        return await _collect(events)
+
+    @_route("post", "/v1/streams", status_code=201)
+    async def open_stream(self, body: OpenStream):
+        return await self._run(self._open(body))
+
+    async def _open(self, body: OpenStream):
+        session = await self.client.open(body.source_type)
+        self.sessions.add(session)
+        return JSONResponse(session.summary(), status_code=201)
+
+    @_route("get", "/v1/streams/{session_id}")
+    async def stream_info(self, session_id: str):
+        return await self._run(self._info(session_id))
+
+    async def _info(self, session_id: str):
+        return self.sessions.get(session_id).summary()
+
+    @_route("post", "/v1/streams/{session_id}/chunks")
+    async def append_chunk(self, session_id: str, body: ChunkBody):
+        return await self._run(self._add(session_id, "append", [body]))
+
+    @_route("put", "/v1/streams/{session_id}/context")
+    async def replace_context(self, session_id: str, body: ReplaceBody):
+        return await self._run(self._add(session_id, "replace", body.chunks))
+
+    async def _add(self, session_id: str, kind: str, chunks: list[ChunkBody]):
+        session = self.sessions.get(session_id)
+        self.sessions.check_chunk_room(session)
+        text = "".join(_piece(c, i + session.chunks) for i, c in enumerate(chunks))
+        async with session.lock:
+            tokens = await self.client.add(session, kind, text)
+        cites = [{"source_id": c.source_id, "title": c.title} for c in chunks if c.source_id]
+        session.sources[:] = cites if kind == "replace" else session.sources + cites
+        return {**session.summary(), "context_tokens": tokens}
+
+    @_route("post", "/v1/streams/{session_id}/finish")
+    async def finish_stream(self, session_id: str, body: FinishBody):
+        return await self._run(self._finish(session_id, body))
+
+    async def _finish(self, session_id: str, body: FinishBody):
+        self._check_answer_budget(body.sampling)
+        session = self.sessions.get(session_id)
+        if session.lock.locked():
+            return error_response(_busy(session_id))
+        events = answer_events(self, session, body.question, body.sampling.model_dump(), "streams")
+        events = await first_then_rest(events)
+        return event_stream(events) if body.stream else await _collect(events)
+
+    @_route("delete", "/v1/streams/{session_id}", status_code=204)
+    async def delete_stream(self, session_id: str):
+        return await self._run(self._delete(session_id))
+
+    async def _delete(self, session_id: str):
+        session = self.sessions.get(session_id)
+        self.sessions.pop(session_id)
+        await self.client.abort(session)
+        self.metrics.aborted.labels("deleted").inc()
+        return Response(status_code=204)
+
+    @_route("get", "/v1/models")
+    async def models(self):
+        return openai_routes.models(self.config)
+
+    @_route("post", "/v1/completions")
+    async def completions(self, body: CompletionRequest):
+        return await self._run(openai_routes.completions(self, body))
+
+    @_route("post", "/v1/chat/completions")
+    async def chat_completions(self, body: ChatCompletionRequest):
+        return await self._run(openai_routes.chat_completions(self, body))
+
+
+def _piece(chunk: ChunkBody, index: int) -> str:
+    if chunk.source_id is None and chunk.title is None:
+        return chunk.text
+    return format_piece(chunk.source_id or f"chunk-{index}", chunk.title or "", chunk.text)
+
+
+def _busy(session_id: str):
+    from engine.api import SessionBusyError
+
+    return SessionBusyError(f"session {session_id} is already answering")
+
+
+async def _collect(events) -> dict:
+    out: dict = {"answer": "", "contexts": [], "source_errors": []}
+    async for name, data in events:
+        if name == "token":
+            out["answer"] += data["text"]
+        elif name == "context":
+            out["contexts"].append(data)
+        elif name == "source_error":
+            out["source_errors"].append(data)
+        elif name == "final":
+            out["final"] = data
+    return out

@@ -1,0 +1,56 @@
+"""Prometheus metrics served by the ingress at /metrics (its own registry, text format).
+
+Per-replica gauges (KV use, sessions, preemptions) are refreshed from the central scheduler's
+view (replica reports) when /metrics is scraped; counters and the TTFT histogram are recorded by
+the ingress as sessions finish.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class PipelineMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.ttft = Histogram("stream2llm_ttft_seconds", "Time to first token after the question",
+                              ["endpoint"], buckets=TTFT_BUCKETS, registry=r)
+        self.kv_used = Gauge("stream2llm_kv_blocks_used", "KV blocks in use", ["replica"], registry=r)
+        self.kv_total = Gauge("stream2llm_kv_blocks_total", "KV blocks", ["replica"], registry=r)
+        self.kv_usage = Gauge("stream2llm_kv_usage_ratio", "KV blocks used / total", ["replica"], registry=r)
+        self.sessions = Gauge("stream2llm_sessions", "Open sessions", ["replica", "state"], registry=r)
+        self.preemptions = Gauge("stream2llm_preemptions", "Preemptions so far (recompute on CPU)",
+                                 ["replica", "kind"], registry=r)
+        self.invalidated = Counter("stream2llm_tokens_invalidated", "Context tokens invalidated by "
+                                   "replace", registry=r)
+        self.rejected = Counter("stream2llm_admissions_rejected", "Sessions answered 429", registry=r)
+        self.recovered = Counter("stream2llm_sessions_recovered", "Sessions replayed elsewhere", registry=r)
+        self.aborted = Counter("stream2llm_sessions_aborted", "Sessions aborted", ["reason"], registry=r)
+        self.queued = Gauge("stream2llm_admission_queue", "Sessions waiting for admission", registry=r)
+        self.pressure = Gauge("stream2llm_cluster_kv_projected_ratio", "Projected cluster KV use", registry=r)
+
+    def observe_final(self, endpoint: str, stats: dict) -> None:
+        if stats.get("ttft_s") is not None:
+            self.ttft.labels(endpoint).observe(stats["ttft_s"])
+        self.invalidated.inc(stats.get("tokens_invalidated", 0) or 0)
+
+    def refresh(self, replicas: dict, pressure: dict) -> None:
+        for name in ("kv_used", "kv_total", "kv_usage", "sessions", "preemptions"):
+            getattr(self, name).clear()  # replicas that went away must disappear
+        for rid, r in replicas.items():
+            self.kv_used.labels(rid).set(r["kv_blocks_used"])
+            self.kv_total.labels(rid).set(r["kv_blocks_total"])
+            self.kv_usage.labels(rid).set(r["kv_blocks_used"] / max(r["kv_blocks_total"], 1))
+            self.sessions.labels(rid, "active").set(r["sessions_active"])
+            self.sessions.labels(rid, "idle").set(r["sessions_idle"])
+            self.preemptions.labels(rid, "recompute").set(r.get("preemptions", 0))
+        self.queued.set(pressure.get("queued", 0))
+        self.pressure.set(pressure.get("projected_frac", 0.0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,84 @@
+"""OpenAI-compatible /v1/models, /v1/completions and /v1/chat/completions (streaming and not).
+
+One-shot generation on the engine replicas (`StreamingEngine.generate`), routed to the replica with
+the most free KV blocks; streaming answers use OpenAI's `data: {...}` chunks ending in `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi.responses import StreamingResponse
+
+from pipeline.errors import BadRequest, LimitExceeded
+from pipeline.prompt import chat_prompt
+from pipeline.schemas import ChatCompletionRequest, CompletionRequest
+
+
+def models(config) -> dict:
+    name = config.model.served_name
+    return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "stream2llm",
+                                        "created": 0, "root": config.model.model}]}
+
+
+def _check(ing, model: str, max_tokens: int) -> None:
+    if model != ing.config.model.served_name:
+        raise BadRequest(f"unknown model {model!r}; this server serves {ing.config.model.served_name!r}")
+    if max_tokens > ing.config.limits.max_answer_tokens:
+        raise LimitExceeded(f"max_tokens {max_tokens} exceeds {ing.config.limits.max_answer_tokens}")
+
+
+def _sampling(body, max_tokens: int) -> dict:
+    return {"max_tokens": max_tokens, "temperature": body.temperature, "top_p": body.top_p, "seed": body.seed}
+
+
+async def completions(ing, body: CompletionRequest):
+    _check(ing, body.model, body.max_tokens)
+    return await _respond(ing, body, body.prompt, body.max_tokens, "text_completion", _text_choice)
+
+
+async def chat_completions(ing, body: ChatCompletionRequest):
+    _check(ing, body.model, body.answer_tokens())
+    return await _respond(ing, body, chat_prompt(body.messages), body.answer_tokens(),
+                          "chat.completion", _chat_choice)
+
+
+async def _respond(ing, body, prompt: str, max_tokens: int, kind: str, choice):
+    stream = ing.handle.options(stream=True).generate.remote(prompt, _sampling(body, max_tokens))
+    rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex}"
+    head = {"id": rid, "created": int(time.time()), "model": body.model}
+    if body.stream:
+        return StreamingResponse(_chunks(ing, stream, head, kind, choice), media_type="text/event-stream")
+    text, reason, stats = "", None, {}
+    async for item in stream:
+        if "stats" in item:
+            stats = item["stats"]
+            continue
+        text += item["text"]
+        reason = item["finish_reason"] or reason
+    ing.metrics.observe_final(kind, stats)
+    usage = {"prompt_tokens": stats.get("context_tokens", 0), "completion_tokens": stats.get("output_tokens", 0)}
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return {**head, "object": kind, "choices": [choice(text, reason, final=True)], "usage": usage}
+
+
+async def _chunks(ing, stream, head: dict, kind: str, choice):
+    obj = f"{kind}.chunk" if kind.startswith("chat") else kind
+    async for item in stream:
+        if "stats" in item:
+            ing.metrics.observe_final(kind, item["stats"])
+            continue
+        payload = {**head, "object": obj, "choices": [choice(item["text"], item["finish_reason"], final=False)]}
+        yield f"data: {json.dumps(payload)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def _text_choice(text: str, reason, final: bool) -> dict:
+    return {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+
+
+def _chat_choice(text: str, reason, final: bool) -> dict:
+    key = "message" if final else "delta"
+    return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": reason}

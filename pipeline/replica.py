@@ -1,0 +1,211 @@
+"""The engine replica deployment: one `StreamingEngine` per Serve replica.
+
+Every method takes an optional `route_to` keyword that the replica ignores: the request router
+(`pipeline.router.AffinityRouter`) reads it to send a session's calls to the replica that holds it.
+The replica reports its KV use and open sessions to the central scheduler at a steady interval and
+aborts sessions idle longer than the TTL, so an abandoned stream cannot hold KV forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict
+
+import ray
+from ray import serve
+
+from engine.api import ContextTooLongError, SamplingConfig, SessionNotFoundError
+from pipeline.central import get_or_create_scheduler
+from pipeline.config import AppConfig
+from pipeline.errors import ContextLimitExceeded
+
+log = logging.getLogger("stream2llm.replica")
+
+
+async def build_engine(config: AppConfig):
+    from engine.vllm_engine import create_engine  # imported here: only replicas need vLLM
+
+    return await create_engine(config.engine_config())
+
+
+class EngineReplica:
+    async def __init__(self, config: dict):
+        self._config = AppConfig.model_validate(config)
+        self._engine = await build_engine(self._config)
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self._touched: dict[str, float] = {}   # open session -> last activity (monotonic)
+        self._source: dict[str, str] = {}      # open session -> source type
+        self._busy: set[str] = set()
+        self._last_stats: dict = {}
+        self._pressure: dict = {}
+        self._scheduler = get_or_create_scheduler(self._config)
+        self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
+
+    # ---- sessions ------------------------------------------------------------------------
+    async def open_session(self, session_id: str, source_type: str = "client", route_to=None) -> dict:
+        await self._engine.open_session(session_id)
+        self._touched[session_id] = time.monotonic()
+        self._source[session_id] = source_type
+        return {"session_id": session_id, "replica_id": self.replica_id, "node_id": self.node_id}
+
+    async def append(self, session_id: str, text: str, limit: int | None = None, route_to=None) -> int:
+        return await self._op(session_id, self._engine.append, text, limit, keep=True)
+
+    async def update(self, session_id: str, text: str, limit: int | None = None, route_to=None) -> int:
+        return await self._op(session_id, self._engine.update, text, limit, keep=False)
+
+    async def _op(self, session_id: str, fn, text: str, limit: int | None, keep: bool) -> int:
+        """Append (keep=True) or replace; `limit` caps the session's context tokens."""
+        self._known(session_id)
+        self._busy.add(session_id)
+        try:
+            if limit is not None:
+                kept = self._engine.session_stats(session_id).context_tokens if keep else 0
+                total = kept + len(self._engine.tokenize(text))
+                if total > limit:
+                    raise ContextLimitExceeded(f"context of {total} tokens exceeds the limit of {limit} "
+                                               "tokens; the session keeps its previous context")
+            return await fn(session_id, text)
+        except ContextTooLongError as e:
+            raise ContextLimitExceeded(str(e)) from None
+        finally:
+            self._busy.discard(session_id)
+            self._touch(session_id)
+
+    async def finish(self, session_id: str, question: str, sampling: dict | None = None, route_to=None):
+        """Stream answer deltas as dicts, then one {"stats": ...} item. Cancellation aborts."""
+        self._known(session_id)
+        self._busy.add(session_id)
+        done = False
+        try:
+            async for delta in self._engine.finish(session_id, question, sampling=SamplingConfig(**(sampling or {}))):
+                yield {"text": delta.text, "token_ids": list(delta.token_ids),
+                       "finished": delta.finished, "finish_reason": delta.finish_reason}
+            done = True
+            yield {"stats": self._session_stats(session_id)}
+        except ContextTooLongError as e:
+            raise ContextLimitExceeded(str(e)) from None
+        finally:
+            self._busy.discard(session_id)
+            self._forget(session_id)
+            if not done:
+                await self._abort_quietly(session_id)
+
+    async def generate(self, prompt: str, sampling: dict | None = None, route_to=None):
+        from engine.api import SessionStats
+
+        stats = SessionStats(session_id="generate")
+        async for delta in self._engine.generate(prompt, sampling=SamplingConfig(**(sampling or {})), stats=stats):
+            yield {"text": delta.text, "token_ids": list(delta.token_ids),
+                   "finished": delta.finished, "finish_reason": delta.finish_reason}
+        yield {"stats": {**asdict(stats), "ttft_s": stats.ttft_s, "replica_id": self.replica_id}}
+
+    async def abort(self, session_id: str, route_to=None) -> bool:
+        """Abort and free KV; False when the session was not open here."""
+        self._forget(session_id)
+        return await self._abort_quietly(session_id)
+
+    async def _abort_quietly(self, session_id: str) -> bool:
+        try:
+            await self._engine.abort(session_id)
+            return True
+        except SessionNotFoundError:
+            return False
+
+    def _known(self, session_id: str) -> None:
+        if session_id not in self._touched:
+            raise SessionNotFoundError(f"session {session_id!r} is not open on replica {self.replica_id}")
+
+    def _touch(self, session_id: str) -> None:
+        if session_id in self._touched:
+            self._touched[session_id] = time.monotonic()
+
+    def _forget(self, session_id: str) -> None:
+        self._touched.pop(session_id, None)
+        self._source.pop(session_id, None)
+
+    def _session_stats(self, session_id: str) -> dict:
+        s = self._engine.session_stats(session_id)
+        return {**asdict(s), "ttft_s": s.ttft_s, "replica_id": self.replica_id, "node_id": self.node_id}
+
+    # ---- introspection -----------------------------------------------------------------------
+    async def tokenize(self, text: str, route_to=None) -> list[int]:
+        return self._engine.tokenize(text)
+
+    async def info(self, route_to=None) -> dict:
+        return {"replica_id": self.replica_id, "node_id": self.node_id,
+                "max_model_len": self._engine.max_model_len, "sessions": sorted(self._touched),
+                "stats": await self._fresh_stats()}
+
+    async def _fresh_stats(self) -> dict:
+        s = await self._engine.stats()
+        self._last_stats = {**asdict(s), "kv_blocks_free": s.kv_blocks_free}
+        return self._last_stats
+
+    def record_routing_stats(self) -> dict:
+        return dict(self._last_stats)
+
+    def record_autoscaling_stats(self) -> dict:
+        """Custom metrics for `pipeline.autoscale.kv_pressure_policy`."""
+        total = self._last_stats.get("kv_blocks_total") or 1
+        return {
+            "kv_used_frac": self._last_stats.get("kv_blocks_used", 0) / total,
+            "cluster_projected_frac": float(self._pressure.get("projected_frac", 0.0)),
+            "cluster_queued": float(self._pressure.get("queued", 0)),
+        }
+
+    # ---- background: reports and TTL -------------------------------------------------------
+    async def _report_loop(self) -> None:
+        interval = self._config.replicas.report_interval_s
+        while True:
+            try:
+                await self._expire_idle()
+                await self._report()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the scheduler may be restarting: report again next round
+                log.warning("report to the central scheduler failed: %r", e)
+            await asyncio.sleep(interval)
+
+    async def _report(self) -> None:
+        stats = await self._fresh_stats()
+        sessions = {}
+        for sid in list(self._touched):
+            try:
+                sessions[sid] = self._engine.session_stats(sid).context_tokens
+            except SessionNotFoundError:
+                self._forget(sid)
+        report = {
+            "replica_id": self.replica_id, "kv_blocks_total": stats["kv_blocks_total"],
+            "kv_blocks_used": stats["kv_blocks_used"], "block_size": stats["block_size"],
+            "sessions_active": stats["sessions_active"], "sessions_idle": stats["sessions_idle"],
+            "queue_depth": len(self._busy), "sessions": sessions,
+            "source_types": {s: self._source.get(s, "") for s in sessions},
+            "node_id": self.node_id, "preemptions": stats["preemptions"],
+        }
+        self._pressure = await self._scheduler.report.remote(report)
+
+    async def _expire_idle(self) -> None:
+        ttl = self._config.limits.session_ttl_s
+        now = time.monotonic()
+        for sid, touched in list(self._touched.items()):
+            if sid not in self._busy and now - touched > ttl:
+                log.info("aborting session %s: idle for %.1f s (TTL %.1f s)", sid, now - touched, ttl)
+                await self.abort(sid)
+
+    async def check_health(self) -> None:
+        """Serve replaces the replica when its engine died (e.g. EngineDeadError)."""
+        if self._reporter.done() and not self._reporter.cancelled():
+            raise RuntimeError(f"report loop stopped: {self._reporter.exception()!r}")
+        await asyncio.wait_for(self._engine.stats(), timeout=10)
+
+    async def __del__(self):
+        reporter = getattr(self, "_reporter", None)
+        if reporter is not None:
+            reporter.cancel()
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            await engine.shutdown()

@@ -1,0 +1,128 @@
+"""Adapter to the retriever Ray actors (`retrievers.ray_actors`, streaming generators).
+
+Crawl, search, vector and trace sources run in retriever actors; their streaming generators are
+consumed in the ingress (awaiting each ref, never blocking `ray.get`) and every chunk is forwarded
+to the session's replica as it arrives. With `retrievers.crawler_site: local` the pipeline starts
+the offline corpus web site (loopback only) in a small actor and crawls/searches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import ray
+
+from pipeline.errors import BadRequest, SourceUnavailable
+
+
+@ray.remote(num_cpus=0)
+class LocalSiteActor:
+    """Serves the offline corpus site in this actor's event loop."""
+
+    async def start(self, latency_scale: float) -> dict:
+        from retrievers.local_site import LocalSite, SiteConfig
+
+        if not hasattr(self, "_site"):
+            self._site = LocalSite(SiteConfig(latency_scale=latency_scale))
+            await self._site.__aenter__()
+        s = self._site
+        return {"base_url": s.base_url, "search_url": s.search_url, "allowlist": s.allowlist_entry}
+
+
+class RetrieverActors:
+    def __init__(self, config):
+        self._settings = config.retrievers
+        self._actors: dict[str, object] = {}
+        self._site: dict | None = None
+        self._lock = asyncio.Lock()
+
+    def stream(self, source, question: str):
+        return self._events(source, question)
+
+    async def _events(self, source, question: str):
+        refs = await self._open(source, question)
+        async for ref in refs:
+            yield await ref
+
+    async def _open(self, source, question: str):
+        if source.type in ("crawl", "search"):
+            actor = await self._crawler()
+            if source.type == "crawl":
+                return actor.stream.remote(None, list(source.seed_urls))
+            return actor.stream.remote(source.query or question)
+        if source.type == "trace":
+            return await self._replay(source.trace)
+        if source.type == "vector":
+            actor = await self._vector(source.top_k or self._settings.vector_top_k)
+            return actor.stream.remote(source.query or question)
+        raise BadRequest(f"no retriever actor for source type {source.type!r}")
+
+    async def _crawler(self):
+        async with self._lock:
+            if "crawler" not in self._actors:
+                from retrievers.crawler_config import CrawlerConfig
+                from retrievers.ray_actors import CrawlerActor
+
+                site = await self._local_site()
+                config = CrawlerConfig(
+                    search_url=site["search_url"] if site else f"{self._settings.crawler_site}/search",
+                    max_pages=self._settings.crawler_max_pages,
+                    allowlist=(site["allowlist"],) if site else ())
+                self._actors["crawler"] = CrawlerActor.options(num_cpus=self._settings.num_cpus).remote(config)
+            return self._actors["crawler"]
+
+    async def _local_site(self) -> dict | None:
+        if self._settings.crawler_site != "local":
+            return None
+        if self._site is None:
+            actor = LocalSiteActor.remote()
+            self._actors["site"] = actor
+            self._site = await actor.start.remote(self._settings.site_latency_scale)
+        return self._site
+
+    async def _vector(self, k: int):
+        key = f"vector-{k}"
+        async with self._lock:
+            if key not in self._actors:
+                from retrievers.ray_actors import VectorActor
+                from retrievers.vector_index import IndexSpec, index_dir
+
+                path = Path(self._settings.vector_index or index_dir(IndexSpec()))
+                if not path.exists():
+                    raise SourceUnavailable(f"no vector index at {path}; build it with `stream2llm index`")
+                self._actors[key] = VectorActor.options(num_cpus=self._settings.num_cpus).remote(str(path), k)
+            return self._actors[key]
+
+    async def _replay(self, name: str):
+        from retrievers.ray_actors import ReplayActor
+
+        trace = load_trace(self._trace_dir(), name)
+        if "replay" not in self._actors:
+            self._actors["replay"] = ReplayActor.options(num_cpus=self._settings.num_cpus).remote(
+                self._settings.trace_multiplier)
+        return self._actors["replay"].stream.remote(trace)
+
+    def _trace_dir(self) -> Path:
+        if self._settings.trace_dir:
+            return Path(self._settings.trace_dir)
+        from stream2llm.paths import cache_path
+
+        return Path(cache_path("traces"))
+
+
+def load_trace(folder: Path, name: str):
+    """The first query of a recorded trace file, by plain file name (no paths: no traversal)."""
+    from retrievers.traces import TraceFormatError, read_crawler_csv, read_vector_csv
+
+    if Path(name).name != name or not name.endswith(".csv"):
+        raise BadRequest(f"trace must be a plain .csv file name, got {name!r}")
+    path = folder / name
+    if not path.is_file():
+        raise BadRequest(f"no trace {name!r} in {folder}")
+    header = path.open(encoding="utf-8").readline()
+    try:
+        traces = read_vector_csv(path) if "PipelinePool" in header else read_crawler_csv(path)
+    except TraceFormatError as e:
+        raise BadRequest(f"trace {name!r} is malformed: {e}") from None
+    return traces[0]

@@ -1,0 +1,103 @@
+"""Request bodies (pydantic at the HTTP boundary; strict types, unknown fields rejected).
+
+The OpenAI-compatible models are small ones of our own: vLLM's protocol models live in
+`vllm.entrypoints.openai.*.protocol`, and importing them would load vLLM into the ingress process
+(seconds and hundreds of MB) that otherwise never needs it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Sampling(_Body):
+    max_tokens: StrictInt = Field(64, ge=1)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: StrictInt | None = None
+
+
+class Source(_Body):
+    """Where /v1/rag looks: exactly the fields of its `type`."""
+
+    type: Literal["crawl", "search", "vector", "trace", "documents", "corpus"]
+    seed_urls: list[StrictStr] | None = None     # crawl
+    query: StrictStr | None = None               # search, vector (default: the question)
+    trace: StrictStr | None = None               # trace: file name under the trace folder
+    documents: list[StrictStr] | None = None     # documents: inline texts (client-side retrieval)
+    doc_ids: list[StrictStr] | None = None       # corpus: offline Wikipedia doc ids
+    top_k: StrictInt | None = Field(None, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _needs(self):
+        need = {"crawl": "seed_urls", "trace": "trace", "documents": "documents", "corpus": "doc_ids"}
+        field = need.get(self.type)
+        if field and not getattr(self, field):
+            raise ValueError(f"source type {self.type!r} needs a non-empty {field!r}")
+        return self
+
+
+class RagRequest(_Body):
+    question: StrictStr = Field(min_length=1)
+    source: Source
+    stream: StrictBool = True
+    sampling: Sampling = Field(default_factory=Sampling)
+
+
+class OpenStream(_Body):
+    source_type: StrictStr = Field("client", min_length=1, max_length=32)
+
+
+class ChunkBody(_Body):
+    text: StrictStr = Field(min_length=1)
+    source_id: StrictStr | None = None
+    title: StrictStr | None = None
+
+
+class ReplaceBody(_Body):
+    chunks: list[ChunkBody] = Field(min_length=1)
+
+
+class FinishBody(_Body):
+    question: StrictStr = Field(min_length=1)
+    stream: StrictBool = True
+    sampling: Sampling = Field(default_factory=Sampling)
+
+
+class CompletionRequest(BaseModel):
+    """OpenAI /v1/completions (the fields we honour; others are accepted and ignored)."""
+
+    model: StrictStr
+    prompt: StrictStr
+    max_tokens: StrictInt = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: StrictInt | None = None
+    stream: StrictBool = False
+    n: StrictInt = Field(1, ge=1, le=1)
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: StrictStr
+
+
+class ChatCompletionRequest(BaseModel):
+    model: StrictStr
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: StrictInt | None = None
+    stream: StrictBool = False
+    n: StrictInt = Field(1, ge=1, le=1)
+
+    def answer_tokens(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or 64

@@ -1,0 +1,170 @@
+"""Measured hardware cost model: latency curves fitted from (size, seconds) pairs, stored as JSON.
+
+JSON format (`stream2llm-cost-model/1`):
+
+    {"format": "stream2llm-cost-model/1", "device": "...", "model": "...", "block_size": 16,
+     "recompute":   [[tokens, seconds], ...],        # prefill of a prompt of that many tokens
+     "decode_step": [[batch, seconds], ...],         # optional: one decode step of that batch
+     "swap_out":    [[blocks, seconds], ...] | null, # null where KV offload does not exist (CPU)
+     "swap_in":     [[blocks, seconds], ...] | null,
+     "notes": "..."}
+
+Curves are piecewise-linear through the per-size means, extended past the measured range by the
+least-squares slope. `stream2llm calibrate` measures recompute on the engine and calls
+`build_cost_model`; on CPU there is no swap, and the model says so instead of inventing numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_right
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+FORMAT = "stream2llm-cost-model/1"
+
+
+class CostModelError(ValueError):
+    """Malformed measurements or cost-model file."""
+
+
+class CostModel(Protocol):
+    swap_available: bool
+
+    def recompute_s(self, num_tokens: int) -> float: ...
+
+    def swap_out_s(self, num_blocks: int) -> float: ...
+
+    def swap_in_s(self, num_blocks: int) -> float: ...
+
+    def step_s(self, prefill_tokens: int, attention_pairs: float, decode_seqs: int,
+               decode_kv_tokens: int) -> float:
+        """One engine step: prefill tokens (with sum of tokens x context for attention) + decodes."""
+
+
+class Curve:
+    """Latency vs size from measurements; never negative."""
+
+    def __init__(self, pairs: Iterable[tuple[float, float]]):
+        by_x: dict[float, list[float]] = {}
+        for x, y in pairs:
+            if x < 0 or y < 0:
+                raise CostModelError(f"negative measurement ({x}, {y})")
+            by_x.setdefault(float(x), []).append(float(y))
+        if not by_x:
+            raise CostModelError("a curve needs at least one measurement")
+        self.xs = sorted(by_x)
+        self.ys = [sum(by_x[x]) / len(by_x[x]) for x in self.xs]
+        self.slope = _least_squares_slope(self.xs, self.ys)
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if x >= xs[-1]:
+            return ys[-1] + self.slope * (x - xs[-1])
+        if x <= xs[0]:
+            return max(0.0, ys[0] - self.slope * (xs[0] - x))
+        i = bisect_right(xs, x)
+        frac = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return ys[i - 1] + frac * (ys[i] - ys[i - 1])
+
+    def pairs(self) -> list[list[float]]:
+        return [[x, y] for x, y in zip(self.xs, self.ys)]
+
+
+def _least_squares_slope(xs: list[float], ys: list[float]) -> float:
+    if len(xs) == 1:
+        return ys[0] / xs[0] if xs[0] else 0.0
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var)
+
+
+class MeasuredCostModel:
+    def __init__(self, recompute: Curve, decode_step: Curve | None = None,
+                 swap_out: Curve | None = None, swap_in: Curve | None = None,
+                 block_size: int = 16, device: str = "", model: str = "", notes: str = ""):
+        if (swap_out is None) != (swap_in is None):
+            raise CostModelError("swap needs both swap_out and swap_in measurements, or neither")
+        self.recompute, self.decode_step = recompute, decode_step
+        self.swap_out, self.swap_in = swap_out, swap_in
+        self.block_size, self.device, self.model, self.notes = block_size, device, model, notes
+
+    @property
+    def swap_available(self) -> bool:
+        return self.swap_out is not None
+
+    def recompute_s(self, num_tokens: int) -> float:
+        return self.recompute(num_tokens)
+
+    def swap_out_s(self, num_blocks: int) -> float:
+        return self._swap(self.swap_out, num_blocks)
+
+    def swap_in_s(self, num_blocks: int) -> float:
+        return self._swap(self.swap_in, num_blocks)
+
+    def _swap(self, curve: Curve | None, num_blocks: int) -> float:
+        if curve is None:
+            raise CostModelError(f"swap is not available on {self.device or 'this device'}")
+        return curve(num_blocks)
+
+    def step_s(self, prefill_tokens: int, attention_pairs: float, decode_seqs: int,
+               decode_kv_tokens: int) -> float:
+        seconds = self.recompute(prefill_tokens) if prefill_tokens else 0.0
+        if decode_seqs:
+            curve = self.decode_step or self.recompute
+            seconds += curve(decode_seqs)
+        return seconds
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT, "device": self.device, "model": self.model,
+            "block_size": self.block_size, "recompute": self.recompute.pairs(),
+            "decode_step": self.decode_step.pairs() if self.decode_step else None,
+            "swap_out": self.swap_out.pairs() if self.swap_out else None,
+            "swap_in": self.swap_in.pairs() if self.swap_in else None,
+            "notes": self.notes,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> MeasuredCostModel:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise CostModelError(f"not a {FORMAT} document")
+        if not data.get("recompute"):
+            raise CostModelError("cost model has no recompute measurements")
+
+        def curve(key: str) -> Curve | None:
+            pairs = data.get(key)
+            try:
+                return Curve((float(x), float(y)) for x, y in pairs) if pairs else None
+            except (TypeError, ValueError) as exc:
+                raise CostModelError(f"bad {key} measurements: {exc}") from exc
+
+        return cls(curve("recompute"), curve("decode_step"), curve("swap_out"), curve("swap_in"),
+                   int(data.get("block_size", 16)), str(data.get("device", "")),
+                   str(data.get("model", "")), str(data.get("notes", "")))
+
+
+def build_cost_model(recompute: Iterable[tuple[int, float]], *, block_size: int,
+                     device: str, model: str, decode_step: Iterable[tuple[int, float]] = (),
+                     swap_out: Iterable[tuple[int, float]] = (),
+                     swap_in: Iterable[tuple[int, float]] = (), notes: str = "") -> dict:
+    """The JSON document for measured (size, seconds) pairs; what `stream2llm calibrate` writes."""
+    decode, out, back = list(decode_step), list(swap_out), list(swap_in)
+    built = MeasuredCostModel(Curve(recompute), Curve(decode) if decode else None,
+                              Curve(out) if out else None, Curve(back) if back else None,
+                              block_size, device, model, notes)
+    return built.to_json()
+
+
+def save_cost_model(model: MeasuredCostModel | dict, path) -> None:
+    data = model.to_json() if isinstance(model, MeasuredCostModel) else model
+    Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def load_cost_model(path) -> MeasuredCostModel:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CostModelError(f"cannot read cost model {path}: {exc}") from exc
+    return MeasuredCostModel.from_json(data)

@@ -1,0 +1,31 @@
+"""The policy interface: a total order over requests; ascending = higher priority.
+
+Phase 1 of the planner walks this order to choose who computes and who keeps memory; phase 2 takes
+eviction victims from its tail. A key must depend only on the view (not on the clock), so that an
+owner can keep the order incrementally (`PolicyQueue`) and re-key only the requests that changed.
+Every key ends with `view.seq`, which makes the order total and deterministic.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import ClassVar
+
+from scheduler.request import RequestView
+
+
+class Policy(ABC):
+    name: ClassVar[str]
+
+    @abstractmethod
+    def sort_key(self, view: RequestView) -> tuple:
+        """Smaller key = higher priority."""
+
+    def order(self, views: Iterable[RequestView]) -> list[RequestView]:
+        return sorted(views, key=self.sort_key)
+
+
+def has_no_work(view: RequestView) -> int:
+    """1 for requests with nothing left to compute (idle partial streams): they sort last."""
+    return 0 if view.num_tokens_to_compute else 1

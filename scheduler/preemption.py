@@ -1,0 +1,24 @@
+"""Recompute or swap, decided per victim on the victim's own KV size.
+
+The paper's version priced the incoming request's tokens and assumed unlimited host memory; here
+the price is the victim's (its computed tokens vs its blocks) and a swap needs room in the pool.
+"""
+
+from __future__ import annotations
+
+from scheduler.blocks import SwapPool
+from scheduler.cost_model import CostModel
+from scheduler.request import RequestView
+
+RECOMPUTE, SWAP = "recompute", "swap"
+
+
+def choose_preemption_kind(victim: RequestView, cost: CostModel | None,
+                           swap_pool: SwapPool | None) -> str:
+    blocks = victim.num_kv_blocks
+    if cost is None or swap_pool is None or not cost.swap_available:
+        return RECOMPUTE
+    if not swap_pool.can_allocate(blocks):
+        return RECOMPUTE
+    swap_s = cost.swap_out_s(blocks) + cost.swap_in_s(blocks)
+    return SWAP if swap_s < cost.recompute_s(victim.num_computed_tokens) else RECOMPUTE

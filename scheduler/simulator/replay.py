@@ -1,0 +1,188 @@
+"""Replay query traces through simulated engines: Poisson arrivals, streaming or not, metrics.
+
+Streaming: each chunk is handed to the engine when it arrives (append extends the prompt; a
+replace keeps the KV of the doc LCP); the question comes with the last chunk. Non-streaming: the
+whole final prompt is submitted when the last chunk arrives. TTFT is measured from the arrival of
+the last chunk (when the question is asked) to the end of the step that samples the first token.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from retrievers.traces import QueryTrace, lcp_tokens, poisson_arrivals
+from scheduler.cost_model import CostModel
+from scheduler.policies import make_policy
+from scheduler.request import RequestView
+from scheduler.simulator.engine import EngineConfig, SimEngine
+
+STREAMING, NON_STREAMING = "streaming", "non_streaming"
+MODES = (STREAMING, NON_STREAMING)
+
+
+class SimConfigError(ValueError):
+    """Bad simulation parameters."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    policy: str
+    mode: str
+    engine: EngineConfig
+    num_engines: int = 1
+    qps: float = 1.0
+    seed: int = 0
+    delay_multiplier: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise SimConfigError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
+        if self.num_engines < 1:
+            raise SimConfigError(f"need at least one engine, got {self.num_engines}")
+        make_policy(self.policy)  # raises UnknownPolicyError listing the valid names
+
+
+@dataclass
+class SimResult:
+    ttft_s: list[float]
+    makespan_s: float
+    preemptions: dict[str, int]
+    tokens_invalidated: int
+    tokens_recomputed: int
+    tokens_computed: int
+    steps: int
+    mean_concurrent_streams: float
+    max_concurrent_streams: int
+    wall_s: float
+    num_requests: int
+    extra: dict = field(default_factory=dict)
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.ttft_s, q)) if self.ttft_s else float("nan")
+
+    def summary(self) -> dict:
+        return {
+            "ttft_p50_s": self.percentile(50), "ttft_p95_s": self.percentile(95),
+            "ttft_p99_s": self.percentile(99), "makespan_s": self.makespan_s,
+            "preemptions": sum(self.preemptions.values()),
+            "preemptions_by_kind": dict(self.preemptions),
+            "tokens_invalidated": self.tokens_invalidated,
+            "tokens_recomputed": self.tokens_recomputed, "tokens_computed": self.tokens_computed,
+            "steps": self.steps, "mean_concurrent_streams": self.mean_concurrent_streams,
+            "max_concurrent_streams": self.max_concurrent_streams,
+            "num_requests": self.num_requests, "wall_s": self.wall_s,
+        }
+
+
+_CHUNK, _STEP = 0, 1
+
+
+def simulate(traces: Sequence[QueryTrace], config: SimConfig, cost: CostModel) -> SimResult:
+    started = time.perf_counter()
+    traces = [t.stretched(config.delay_multiplier) if config.delay_multiplier != 1 else t
+              for t in traces]
+    arrivals = poisson_arrivals(len(traces), config.qps, config.seed)
+    engines = [SimEngine(make_policy(config.policy), cost, config.engine)
+               for _ in range(config.num_engines)]
+    run = _Run(traces, arrivals, engines, config.mode == STREAMING)
+    run.loop()
+    return run.result(config, started)
+
+
+class _Run:
+    def __init__(self, traces, arrivals, engines: list[SimEngine], streaming: bool):
+        self.traces, self.arrivals, self.engines, self.streaming = traces, arrivals, engines, streaming
+        self.events: list[tuple] = []
+        for q, (trace, start) in enumerate(zip(traces, arrivals)):
+            events = enumerate(trace.events) if streaming else [(len(trace.events) - 1, trace.events[-1])]
+            for i, event in events:
+                self.events.append((start + event.end_s, q, _CHUNK, i))
+        heapq.heapify(self.events)
+        self.route: dict[int, int] = {}
+        self.busy = [False] * len(engines)
+        self.asked_at: dict[str, float] = {}
+        self.ttft: list[float] = []
+        self.last_finish = 0.0
+        self.stream_spans = [(s + t.events[0].end_s, s + t.events[-1].end_s)
+                             for t, s in zip(traces, arrivals)]
+
+    def loop(self) -> None:
+        events = self.events
+        while events:
+            now, q, kind, payload = heapq.heappop(events)
+            if kind == _CHUNK:
+                engine = self._deliver(q, payload, now)
+                if not self.busy[engine]:
+                    self._step(engine, now)
+            else:
+                self._step(payload, now)
+
+    def _deliver(self, q: int, index: int, now: float) -> int:
+        trace = self.traces[q]
+        request_id = trace.query_id
+        event = trace.events[index]
+        last = index == len(trace.events) - 1
+        if q not in self.route:
+            self.route[q] = min(range(len(self.engines)), key=lambda e: self.engines[e].num_active)
+        engine = self.engines[self.route[q]]
+        if last:
+            self.asked_at[request_id] = now
+        if request_id not in engine.views:
+            tokens = trace.total_context_tokens() if not self.streaming else (
+                event.num_tokens + (trace.question_tokens if last and event.kind == "append" else 0))
+            engine.add_request(RequestView(request_id, q, now, now, tokens, complete=last,
+                                           max_output_tokens=trace.output_tokens))
+        elif event.kind == "append":
+            engine.append(request_id, now, event.num_tokens + (trace.question_tokens if last else 0), last)
+        else:
+            previous = trace.events[index - 1].doc_ids
+            keep = lcp_tokens(previous, event.doc_ids, trace.doc_tokens)
+            engine.replace(request_id, now, event.num_tokens, keep, last)
+        return self.route[q]
+
+    def _step(self, e: int, now: float) -> None:
+        outcome = self.engines[e].step(now)
+        if outcome is None:
+            self.busy[e] = False
+            return
+        self.busy[e] = True
+        end = now + outcome.duration_s
+        for request_id in outcome.first_tokens:
+            self.ttft.append(end - self.asked_at[request_id])
+        if outcome.finished:
+            self.last_finish = max(self.last_finish, end)
+        heapq.heappush(self.events, (end, -1, _STEP, e))
+
+    def result(self, config: SimConfig, started: float) -> SimResult:
+        preemptions = {"recompute": 0, "swap": 0}
+        totals = {"tokens_invalidated": 0, "tokens_recomputed": 0, "tokens_computed": 0, "steps": 0}
+        for engine in self.engines:
+            for kind, count in engine.stats.preemptions.items():
+                preemptions[kind] += count
+            for key in totals:
+                totals[key] += getattr(engine.stats, key)
+        unfinished = sum(engine.num_active for engine in self.engines)
+        if unfinished:
+            raise RuntimeError(f"simulation ended with {unfinished} unfinished requests")
+        mean_streams, max_streams = _concurrency(self.stream_spans)
+        return SimResult(self.ttft, self.last_finish, preemptions, totals["tokens_invalidated"],
+                         totals["tokens_recomputed"], totals["tokens_computed"], totals["steps"],
+                         mean_streams, max_streams, time.perf_counter() - started, len(self.traces))
+
+
+def _concurrency(spans: list[tuple[float, float]]) -> tuple[float, int]:
+    """Mean (over the busy period) and max number of streams between first and last chunk."""
+    points = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    open_, peak, area = 0, 0, 0.0
+    for (t, delta), (t_next, _) in zip(points, points[1:] + [points[-1]]):
+        open_ += delta
+        peak = max(peak, open_)
+        area += open_ * (t_next - t)
+    span = points[-1][0] - points[0][0] if points else 0.0
+    return (area / span if span else 0.0), peak
+

@@ -1,0 +1,144 @@
+"""Pure tests of the central scheduler's logic: headroom routing, affinity, bounded queue, demand."""
+
+import pytest
+
+from scheduler.admission import (AdmissionController, DemandModel, ReplicaReport, UnknownSessionError,
+                                 blocks_for, desired_replicas)
+
+
+def report(rid, used=0, total=100, sessions=None, sources=None, bs=16):
+    return ReplicaReport(rid, total, used, bs, sessions=sessions or {}, source_types=sources or {})
+
+
+def controller(max_queue=2, priors=None, reserve=0.0):
+    return AdmissionController(DemandModel(priors or {"crawler": 16 * 40, "vector": 16 * 10}),
+                               max_queue=max_queue, stale_after_s=5.0, reserve_frac=reserve)
+
+
+def test_new_session_goes_to_most_projected_headroom():
+    c = controller()
+    c.report(report("a", used=10), now=0)
+    c.report(report("b", used=30), now=0)
+    assert c.try_admit("s1", "crawler", now=1) == "a"
+    # s1 is expected to grow to 40 blocks on a: projected use 50 there vs 30 on b.
+    assert c.projected_used("a") == 50
+    assert c.try_admit("s2", "crawler", now=1) == "b"
+
+
+def test_projection_counts_only_the_growth_still_expected():
+    c = controller()
+    c.report(report("a", used=10), now=0)
+    c.try_admit("s1", "crawler", now=0)
+    # The replica now reports s1 holding 20 blocks (320 tokens), inside its 30 used blocks.
+    c.report(report("a", used=30, sessions={"s1": 320}), now=1)
+    assert c.projected_used("a") == 30 + (40 - 20)
+
+
+def test_affinity_returns_same_replica_and_move_changes_it():
+    c = controller()
+    c.report(report("a"), now=0)
+    c.report(report("b", used=50), now=0)
+    assert c.try_admit("s", "vector", now=0) == "a"
+    c.report(report("a", used=95), now=1)  # even when a fills up, s stays on a
+    assert c.try_admit("s", "vector", now=1) == "a"
+    c.move("s", "b")
+    assert c.placement("s").replica_id == "b"
+
+
+def test_full_cluster_queues_then_rejects_when_queue_is_full():
+    c = controller(max_queue=1)
+    c.report(report("a", used=90), now=0)
+    assert c.try_admit("s1", "crawler", now=0) is None
+    assert c.enqueue("s1", "crawler", now=0)
+    assert not c.enqueue("s2", "crawler", now=0)
+    assert c.rejected == 1 and c.queued() == 1
+
+
+def test_queue_drains_fifo_when_room_appears_and_newcomers_wait_behind():
+    c = controller(max_queue=4)
+    c.report(report("a", used=91), now=0)
+    for sid in ("q1", "q2"):
+        assert c.try_admit(sid, "vector", now=0) is None
+        c.enqueue(sid, "vector", now=0)
+    c.report(report("a", used=85), now=1)   # room for one 10-block session
+    assert c.try_admit("late", "vector", now=1) is None  # q1 is ahead
+    assert c.drain(now=1) == {"q1": "a"}
+    c.report(report("a", used=0), now=2)
+    assert c.drain(now=2) == {"q2": "a"}
+    assert c.queued() == 0
+
+
+def test_release_teaches_demand_and_frees_reservation():
+    c = controller()
+    c.report(report("a"), now=0)
+    c.try_admit("s", "crawler", now=0)
+    before = c.demand.expected_tokens("crawler")
+    c.release("s", context_tokens=100)
+    assert c.demand.expected_tokens("crawler") < before
+    with pytest.raises(UnknownSessionError):
+        c.placement("s")
+    assert c.projected_used("a") == 0
+
+
+def test_unknown_source_type_learns_from_first_observation():
+    d = DemandModel({}, default_tokens=500)
+    assert d.expected_tokens("trace") == 500
+    d.observe("trace", 2000)
+    assert d.expected_tokens("trace") == 2000
+    d.observe("trace", 0)
+    assert d.expected_tokens("trace") == 1600
+
+
+def test_stale_replicas_are_not_routed_to_and_dead_ones_lose_sessions():
+    c = controller()
+    c.report(report("a"), now=0)
+    c.report(report("b", used=50), now=9)
+    assert c.try_admit("s1", "vector", now=9) == "b"  # a's last report is 9 s old
+    assert c.forget_replica("b") == ["s1"]
+    assert c.try_admit("s2", "vector", now=9) is None
+
+
+def test_restart_rebuilds_placements_from_reports():
+    c = controller()
+    c.report(report("a", used=20, sessions={"s1": 160, "s2": 160}, sources={"s1": "crawler"}), now=0)
+    assert c.placement("s1").replica_id == "a" and c.placement("s1").source_type == "crawler"
+    assert c.pressure(now=0).sessions == 2
+
+
+def test_exclude_and_reserve_fraction():
+    c = controller(reserve=0.5)
+    c.report(report("a", used=0), now=0)
+    c.report(report("b", used=45), now=0)
+    assert c.headroom("a") == 50
+    assert c.try_admit("s", "vector", now=0, exclude=("a",)) is None  # b: 100-50-45 < 10
+
+
+def test_pressure_and_retry_after():
+    c = controller(max_queue=3)
+    c.report(report("a", used=50), now=0)
+    c.try_admit("s", "crawler", now=0)
+    c.enqueue("w", "crawler", now=0)
+    p = c.pressure(now=0)
+    assert (p.kv_blocks_used, p.kv_blocks_projected, p.queued) == (50, 90, 1)
+    assert p.projected_frac == pytest.approx(0.9)
+    assert c.retry_after_s(1.0) == 2
+
+
+def test_desired_replicas():
+    args = dict(target_frac=0.5, sessions_per_replica=4, min_replicas=1, max_replicas=4)
+    assert desired_replicas(2, 0.9, 0, **args) == 4
+    assert desired_replicas(2, 0.2, 0, **args) == 1
+    assert desired_replicas(1, 0.3, 5, **args) == 3
+    assert desired_replicas(0, 0.0, 1, **args) == 1
+    with pytest.raises(ValueError):
+        desired_replicas(1, 0.5, 0, 0.0, 4, 1, 2)
+
+
+def test_bad_inputs_are_typed_errors():
+    with pytest.raises(ValueError):
+        ReplicaReport("a", 0, 0, 16)
+    with pytest.raises(ValueError):
+        DemandModel({}, alpha=0)
+    with pytest.raises(ValueError):
+        AdmissionController(DemandModel({}), max_queue=-1)
+    assert blocks_for(17, 16) == 2 and blocks_for(0, 16) == 0

@@ -1,0 +1,159 @@
+"""The two-phase planner: budgets, victims from the tail, chosen never evicted, progress."""
+
+import random
+
+import pytest
+
+from scheduler.blocks import BlockError, CountingBlockManager, SwapPool
+from scheduler.cost_model import MeasuredCostModel, Curve
+from scheduler.planner import PlannerError, StepBudget, plan_step
+from scheduler.policies import POLICIES, make_policy
+from scheduler.request import RequestView
+
+BS = 16
+
+
+def resident(blocks: CountingBlockManager, seq, *, computed, prompt=None, first=0.0,
+             complete=False, admitted=None, gaps=()):
+    v = RequestView(f"r{seq}", seq, first, first, prompt if prompt is not None else computed,
+                    complete=complete, max_output_tokens=4, num_computed_tokens=computed,
+                    running=True, admitted_seq=seq if admitted is None else admitted)
+    v.num_kv_blocks = -(-computed // BS)
+    blocks.allocate(v.request_id, v.num_kv_blocks)
+    v.chunk_gaps.extend(gaps)
+    return v
+
+
+def waiting(seq, *, prompt, first=0.0, complete=True):
+    return RequestView(f"r{seq}", seq, first, first, prompt, complete=complete, max_output_tokens=4)
+
+
+def test_budgets_respected_and_victims_from_the_tail():
+    blocks = CountingBlockManager(20)
+    idle = [resident(blocks, i, computed=5 * BS, first=float(i)) for i in range(4)]  # 20 blocks
+    newcomer = waiting(9, prompt=8 * BS, first=0.5)
+    policy = make_policy("fcfs")
+    decision = plan_step(policy.order([*idle, newcomer]), blocks, StepBudget(100, BS))
+    assert decision.scheduled == [("r9", 100)]
+    assert decision.num_scheduled_tokens <= 100
+    # fcfs puts idle partial streams last; the latest-arrived is the tail and goes first
+    assert [p.request_id for p in decision.preempted] == ["r3", "r2"]
+    assert all(p.kind == "recompute" for p in decision.preempted)
+    assert blocks.num_free() == 20 - 10 - 7
+
+
+def test_never_evicts_a_request_chosen_this_step():
+    blocks = CountingBlockManager(12)
+    decoding = resident(blocks, 0, computed=4 * BS, prompt=4 * BS, complete=True)  # 4 blocks
+    decoding.num_output_tokens = 1
+    # prompt computed, one sampled token to feed back: a decode step needing a 5th block
+    growing = resident(blocks, 1, computed=4 * BS, prompt=6 * BS)  # partial, 2 more blocks
+    idle = resident(blocks, 2, computed=4 * BS)
+    order = make_policy("lcas").order([idle, growing, decoding])
+    decision = plan_step(order, blocks, StepBudget(1000, BS))
+    scheduled = {rid for rid, _ in decision.scheduled}
+    assert scheduled == {"r0", "r1"}
+    assert [p.request_id for p in decision.preempted] == ["r2"]
+    assert not scheduled & {p.request_id for p in decision.preempted}
+
+
+def test_chunked_prefill_fills_the_token_budget_in_order():
+    blocks = CountingBlockManager(1000)
+    a, b = waiting(0, prompt=300, first=0.0), waiting(1, prompt=300, first=1.0)
+    decision = plan_step(make_policy("fcfs").order([b, a]), blocks, StepBudget(400, BS))
+    assert decision.scheduled == [("r0", 300), ("r1", 100)]
+    assert blocks.held == {"r0": 19, "r1": 7}
+
+
+def test_progress_when_idle_holders_block_default_vllm_order():
+    # default_vllm keeps all running (idle) requests ahead of the waiting one: without the
+    # progress rule nothing would ever run (the deadlock vLLM has with idle streaming sessions)
+    blocks = CountingBlockManager(8)
+    idle = [resident(blocks, i, computed=4 * BS) for i in range(2)]
+    complete = waiting(5, prompt=3 * BS)
+    decision = plan_step(make_policy("default_vllm").order([*idle, complete]), blocks,
+                         StepBudget(512, BS))
+    assert decision.scheduled == [("r5", 3 * BS)]
+    assert [p.request_id for p in decision.preempted] == ["r1"]  # most recently admitted
+
+
+def test_nothing_scheduled_when_no_request_fits_alone():
+    blocks = CountingBlockManager(4)
+    huge = waiting(0, prompt=10 * BS)
+    decision = plan_step([huge], blocks, StepBudget(512, BS))
+    assert decision.scheduled and decision.scheduled[0] == ("r0", 4 * BS)  # chunked to fit
+    blocks2 = CountingBlockManager(4)
+    swapped = waiting(1, prompt=10 * BS)
+    swapped.num_computed_tokens, swapped.num_swapped_blocks = 5 * BS, 5  # cannot come back
+    assert plan_step([swapped], blocks2, StepBudget(512, BS)).scheduled == []
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_random_states_keep_budgets_and_always_progress(name):
+    rng, policy = random.Random(hash(name) % 1000), make_policy(name)
+    for trial in range(40):
+        blocks = CountingBlockManager(rng.randint(20, 60))
+        views = []
+        for seq in range(rng.randint(1, 12)):
+            computed = rng.randint(0, 6) * BS
+            if computed and blocks.can_allocate(computed // BS):
+                views.append(resident(blocks, seq, computed=computed,
+                                      prompt=computed + rng.choice([0, 0, 5, 40]),
+                                      first=rng.random(), complete=rng.random() < 0.4,
+                                      gaps=[rng.random()] * rng.randint(0, 2)))
+            else:
+                views.append(waiting(seq, prompt=rng.randint(1, 200), first=rng.random(),
+                                     complete=rng.random() < 0.5))
+        budget = StepBudget(rng.randint(1, 300), BS)
+        held_before = {v.request_id: v.num_kv_blocks for v in views}
+        decision = plan_step(policy.order(views), blocks, budget)
+        assert decision.num_scheduled_tokens <= budget.max_num_tokens
+        assert blocks.num_free() >= 0
+        by_id = {v.request_id: v for v in views}
+        for rid, tokens in decision.scheduled:
+            v = by_id[rid]
+            assert 0 < tokens <= v.num_tokens_to_compute
+            assert blocks.held.get(rid, 0) * BS >= v.num_computed_tokens + tokens
+        victims = {p.request_id for p in decision.preempted}
+        assert not victims & {rid for rid, _ in decision.scheduled}
+        assert all(held_before[rid] for rid in victims)
+        if any(v.num_tokens_to_compute for v in views):
+            assert decision.scheduled, f"no progress in trial {trial}"
+
+
+def test_swap_chosen_on_victim_size_only_while_pool_has_room():
+    cost = MeasuredCostModel(Curve([(16, 0.016), (1600, 1.6)]), swap_out=Curve([(1, 0.001)]),
+                             swap_in=Curve([(1, 0.001)]), block_size=BS)
+    blocks, pool = CountingBlockManager(20), SwapPool(6)
+    victims = [resident(blocks, i, computed=5 * BS, first=float(i)) for i in range(4)]
+    newcomer = waiting(9, prompt=20 * BS)
+    decision = plan_step(make_policy("fcfs").order([*victims, newcomer]), blocks,
+                         StepBudget(1000, BS), cost, pool)
+    kinds = [(p.request_id, p.kind) for p in decision.preempted]
+    assert kinds == [("r3", "swap"), ("r2", "recompute"), ("r1", "recompute"), ("r0", "recompute")]
+    assert pool.num_free() == 1 and pool.held == {"r3": 5}
+
+
+def test_swap_not_chosen_when_recompute_of_the_victim_is_cheaper():
+    # swapping is cheap per block but the victim has few computed tokens: recompute wins
+    cost = MeasuredCostModel(Curve([(16, 0.0001), (1600, 0.01)]), swap_out=Curve([(1, 0.01)]),
+                             swap_in=Curve([(1, 0.01)]), block_size=BS)
+    blocks, pool = CountingBlockManager(10), SwapPool(100)
+    victim = resident(blocks, 0, computed=10 * BS)
+    decision = plan_step(make_policy("fcfs").order([victim, waiting(1, prompt=BS)]), blocks,
+                         StepBudget(100, BS), cost, pool)
+    assert [p.kind for p in decision.preempted] == ["recompute"]
+
+
+def test_block_manager_rejects_bad_accounting():
+    blocks = CountingBlockManager(4)
+    with pytest.raises(BlockError):
+        blocks.allocate("a", 5)
+    blocks.allocate("a", 3)
+    with pytest.raises(BlockError):
+        blocks.free("a", 4)
+    assert blocks.free("a", 1) == 1 and blocks.free("a") == 2 and blocks.num_free() == 4
+    with pytest.raises(BlockError):
+        CountingBlockManager(0)
+    with pytest.raises(PlannerError):
+        StepBudget(0, BS)
