@@ -47,8 +47,8 @@ def percentile(values, q: float) -> float:
 async def bench(args) -> dict:
     from engine.vllm_engine import create_engine
 
-    engine = await create_engine(EngineConfig(model=args.model, max_model_len=8192,
-                                              kv_cache_memory_bytes=1 << 30))
+    engine = await create_engine(EngineConfig(model=args.model, max_model_len=8192, dtype=args.dtype,
+                                              kv_cache_memory_bytes=2 << 30))
     prompt, docs, cursor = RagPrompt(engine.tokenizer), load_documents(), 0
     sampling = SamplingConfig(max_tokens=args.max_tokens)
     rows = []
@@ -81,8 +81,9 @@ def summarize(rows, args) -> dict:
 
     result = {"stream": block("stream_ttft_s"), "nonstream": block("nonstream_ttft_s"),
               "floor": block("floor_ttft_s"), "outputs_identical": all(r["identical"] for r in rows),
-              "config": {k: getattr(args, k) for k in ("model", "sessions", "chunks", "chunk_tokens", "gap",
-                                                        "max_tokens")},
+              "identical_fraction": sum(r["identical"] for r in rows) / len(rows),
+              "config": {k: getattr(args, k) for k in ("model", "dtype", "sessions", "chunks", "chunk_tokens",
+                                                        "gap", "max_tokens")},
               "sessions": rows, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     result["speedup_p50"] = result["nonstream"]["ttft_p50_s"] / result["stream"]["ttft_p50_s"]
     result["floor_ratio_p50"] = result["stream"]["ttft_p50_s"] / result["floor"]["ttft_p50_s"]
@@ -97,6 +98,7 @@ def main(argv=None) -> int:
     parser.add_argument("--chunk-tokens", dest="chunk_tokens", type=int, default=800)
     parser.add_argument("--gap", type=float, default=0.7)
     parser.add_argument("--max-tokens", dest="max_tokens", type=int, default=16)
+    parser.add_argument("--dtype", default="bfloat16", help="bfloat16 or float32")
     parser.add_argument("--quick", action="store_true", help="3 sessions of 4 chunks of 400 tokens")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -106,7 +108,7 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps({k: result[k] for k in ("stream", "nonstream", "floor", "speedup_p50",
-                                              "floor_ratio_p50", "outputs_identical")}, indent=2))
+                                              "floor_ratio_p50", "outputs_identical", "identical_fraction")}, indent=2))
     return 0
 
 

@@ -40,6 +40,9 @@ class EngineClient:
         except BaseException:
             await self._scheduler.release.remote(session_id)
             raise
+        if info["replica_id"] != replica_id:  # routed elsewhere: its holder's next report adopts it
+            log.warning("session %s opened on %s, not on %s", session_id, info["replica_id"], replica_id)
+            await self._scheduler.release.remote(session_id)
         return SessionLog(session_id, source_type, info["replica_id"], info["node_id"])
 
     async def add(self, session: SessionLog, kind: str, text: str) -> int:

@@ -75,6 +75,8 @@ class ReplicaSettings(_Section):
 class RetrieverSettings(_Section):
     crawler_site: str = Field("local", description='"local" serves the offline corpus site; else a base URL.')
     crawler_max_pages: int = Field(8, gt=0, description="Pages a crawl fetches at most.")
+    crawler_allowlist: list[str] = Field(default_factory=list, description=(
+        "host:port pairs the crawler may fetch despite internal addresses (the local site is added)."))
     vector_top_k: int = Field(4, gt=0, description="Documents in each vector-search context.")
     site_latency_scale: float = Field(1.0, ge=0, description="Local site page latency multiplier.")
     vector_index: str | None = Field(None, description="FAISS index folder (default: cache).")

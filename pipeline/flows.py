@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from pipeline.errors import LimitExceeded, unwrap
 from pipeline.prompt import rag_footer, rag_header
 from pipeline.sessions import SessionLog
 from pipeline.sources import (AppendChunk, Done, ReplaceContext, SourceError, citation, event_text,
@@ -101,14 +102,20 @@ async def _context_event(ing, session: SessionLog, event):
         return "source_error", {"source": event.source, "reason": event.reason}
     if isinstance(event, Done):
         return "retrieval_done", dict(event.summary)
-    if isinstance(event, AppendChunk):
+    if not isinstance(event, (AppendChunk, ReplaceContext)):
+        return None
+    mode = "append" if isinstance(event, AppendChunk) else "replace"
+    text = event_text(event) if mode == "append" else rag_header() + event_text(event)
+    try:
         ing.sessions.check_chunk_room(session)
-        tokens = await ing.client.add(session, "append", event_text(event))
+        tokens = await ing.client.add(session, mode, text)
+    except Exception as e:
+        # Over a limit: the session keeps the context it has and the answer uses that.
+        if not isinstance(unwrap(e), LimitExceeded):
+            raise
+        return "context_skipped", {"mode": mode, "sources": citation(event), "reason": str(unwrap(e))}
+    if mode == "append":
         session.sources.extend(citation(event))
-        return "context", {"mode": "append", "sources": citation(event), "context_tokens": tokens}
-    if isinstance(event, ReplaceContext):
-        ing.sessions.check_chunk_room(session)
-        tokens = await ing.client.add(session, "replace", rag_header() + event_text(event))
+    else:
         session.sources[:] = citation(event)
-        return "context", {"mode": "replace", "sources": citation(event), "context_tokens": tokens}
-    return None
+    return "context", {"mode": mode, "sources": citation(event), "context_tokens": tokens}

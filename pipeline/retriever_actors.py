@@ -49,7 +49,7 @@ class RetrieverActors:
         if source.type in ("crawl", "search"):
             actor = await self._crawler()
             if source.type == "crawl":
-                return actor.stream.remote(None, list(source.seed_urls))
+                return actor.stream.remote(None, [self._absolute(u) for u in source.seed_urls])
             return actor.stream.remote(source.query or question)
         if source.type == "trace":
             return await self._replay(source.trace)
@@ -65,12 +65,18 @@ class RetrieverActors:
                 from retrievers.ray_actors import CrawlerActor
 
                 site = await self._local_site()
-                config = CrawlerConfig(
-                    search_url=site["search_url"] if site else f"{self._settings.crawler_site}/search",
-                    max_pages=self._settings.crawler_max_pages,
-                    allowlist=(site["allowlist"],) if site else ())
+                allowlist = list(self._settings.crawler_allowlist) + ([site["allowlist"]] if site else [])
+                config = CrawlerConfig(search_url=f"{self._site_base()}/search",
+                                       max_pages=self._settings.crawler_max_pages, allowlist=tuple(allowlist))
                 self._actors["crawler"] = CrawlerActor.options(num_cpus=self._settings.num_cpus).remote(config)
             return self._actors["crawler"]
+
+    def _site_base(self) -> str:
+        return (self._site["base_url"] if self._site else self._settings.crawler_site).rstrip("/")
+
+    def _absolute(self, url: str) -> str:
+        """Seed URLs may be paths on the configured site (`/wiki/Kenya`)."""
+        return f"{self._site_base()}{url}" if url.startswith("/") else url
 
     async def _local_site(self) -> dict | None:
         if self._settings.crawler_site != "local":

@@ -10,7 +10,15 @@ the ingress replays the session's context log there (recovery).
 
 from __future__ import annotations
 
+import time
+
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+# A session is admitted to a replica as soon as that replica reports to the central scheduler,
+# which can be a moment before Serve's routers list it (a replica just added by autoscaling).
+# Opening the session waits for it this long instead of landing on another replica; later calls
+# fall back at once (their replica died: the other one answers SessionNotFound -> recovery).
+OPEN_WAIT_S = 15.0
 
 
 def _free_blocks(replica: RunningReplica) -> int:
@@ -34,4 +42,13 @@ class AffinityRouter(RequestRouter):
         target = None
         if pending_request is not None:
             target = pending_request.kwargs.get("route_to")
+            if target and _waits_for(pending_request, target, candidate_replicas):
+                return []  # Serve backs off and asks again with a fresh candidate list
         return rank_for_request(candidate_replicas, target)
+
+
+def _waits_for(request: PendingRequest, target: str, candidates: list[RunningReplica]) -> bool:
+    if any(r.replica_id.unique_id == target for r in candidates):
+        return False
+    opening = request.metadata.call_method == "open_session"
+    return opening and time.time() - request.created_at < OPEN_WAIT_S

@@ -9,8 +9,9 @@ JSON format (`stream2llm-cost-model/1`):
      "swap_in":     [[blocks, seconds], ...] | null,
      "notes": "..."}
 
-Curves are piecewise-linear through the per-size means, extended past the measured range by the
-least-squares slope. `stream2llm calibrate` measures recompute on the engine and calls
+Curves are piecewise-linear through the per-size means, made non-decreasing (latency never falls
+as the work grows: a dip is timing noise, pooled away by isotonic regression), and extended past
+the measured range by the least-squares slope. `stream2llm calibrate` measures recompute on the engine and calls
 `build_cost_model`; on CPU there is no swap, and the model says so instead of inventing numbers.
 """
 
@@ -55,7 +56,8 @@ class Curve:
         if not by_x:
             raise CostModelError("a curve needs at least one measurement")
         self.xs = sorted(by_x)
-        self.ys = [sum(by_x[x]) / len(by_x[x]) for x in self.xs]
+        self.ys = _non_decreasing([sum(by_x[x]) / len(by_x[x]) for x in self.xs],
+                                  [len(by_x[x]) for x in self.xs])
         self.slope = _least_squares_slope(self.xs, self.ys)
 
     def __call__(self, x: float) -> float:
@@ -70,6 +72,17 @@ class Curve:
 
     def pairs(self) -> list[list[float]]:
         return [[x, y] for x, y in zip(self.xs, self.ys)]
+
+
+def _non_decreasing(ys: list[float], weights: list[int]) -> list[float]:
+    """Pool adjacent violators: the weighted least-squares non-decreasing fit of `ys`."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for y, w in zip(ys, weights):
+        blocks.append([y, float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, w2, c2), (m1, w1, c1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    return [mean for mean, _, count in blocks for _ in range(count)]
 
 
 def _least_squares_slope(xs: list[float], ys: list[float]) -> float:

@@ -37,9 +37,10 @@ class RequestView:
 
     @property
     def num_tokens_to_compute(self) -> int:
-        if self.finished:
+        # `finished` and `num_known_tokens` inlined: every policy key reads this on every touch.
+        if self.complete and self.num_output_tokens >= self.max_output_tokens:
             return 0
-        return self.num_known_tokens - self.num_computed_tokens
+        return self.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
 
     @property
     def finished(self) -> bool:

@@ -32,7 +32,9 @@ class TailGuardPolicy(Policy):
     def sort_key(self, view: RequestView) -> tuple:
         if view.complete:
             return (0, view.last_chunk_arrival, view.seq)
-        has_work = view.num_tokens_to_compute > 0
+        # A partial request is never finished, so its work is simply known minus computed tokens
+        # (inlined: this key is computed for every touched request on every step).
+        has_work = view.num_prompt_tokens + view.num_output_tokens > view.num_computed_tokens
         if view.running:
             if has_work:
                 return (1, view.last_chunk_arrival, view.seq)

@@ -1,0 +1,162 @@
+"""Scheduling policies on the real CPU engine at a small scale, and the simulator against it.
+
+    python -m bench.engine_policies [--sessions 16]  ->  bench/results/policies.json
+                                                         (workloads.crawler.engine; the simulator
+                                                         entries of bench.policies are kept)
+
+A crawler-shaped trace scaled down to smollm2 on 2 cores (a search chunk and a few page chunks of
+~70-200 tokens, the paper's gap distribution) is replayed with Poisson arrivals against one vLLM
+engine per policy whose KV cache is a fraction of what the concurrent streams hold, streaming
+(chunks appended as they arrive, the question with the last chunk) and non-streaming (the whole
+prompt at the last chunk). The same engine that replays non-streaming first measures its own cost
+model (`engine.calibrate`), and the simulator replays the same trace with it: the TTFT percentiles
+of both are compared per policy and mode (`sim_vs_engine`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.engine_replay import replay
+from engine.calibrate import measure_cost_model
+from engine.config import EngineConfig
+from retrievers.traces import poisson_arrivals, synthetic_crawler_traces
+from scheduler.cost_model import MeasuredCostModel
+from scheduler.policies import POLICIES
+from scheduler.simulator import EngineConfig as SimEngineConfig
+from scheduler.simulator import SimConfig, simulate
+from scheduler.simulator.replay import NON_STREAMING, STREAMING
+
+RESULTS = Path(__file__).parent / "results" / "policies.json"
+SHAPE = dict(mean_scrapes=3.0, search_tokens=600, page_tokens=1200, tokens_scale=0.12,
+             question_tokens=16, output_tokens=8)
+CALIBRATION_SIZES = (32, 128, 256, 512, 1024)
+NON_STREAMING_POLICY = "default_vllm"  # complete requests only: the order barely matters
+
+
+def make_traces(n: int, seed: int, delay: float) -> list:
+    traces = synthetic_crawler_traces(n, seed, **SHAPE)
+    return [t.stretched(delay) for t in traces] if delay != 1 else traces
+
+
+def engine_config(args, policy: str) -> EngineConfig:
+    return EngineConfig(model=args.model, max_model_len=args.max_model_len,
+                        kv_cache_memory_bytes=args.kv_bytes, max_num_seqs=64,
+                        max_num_batched_tokens=args.max_num_batched_tokens,
+                        answer_budget_tokens=SHAPE["output_tokens"], policy=policy)
+
+
+async def run_engine(args, policy: str, streaming: bool, traces, arrivals, calibrate: bool) -> dict:
+    from engine.vllm_engine import create_engine
+
+    config = engine_config(args, policy)
+    engine = await create_engine(config)
+    try:
+        cost = (await measure_cost_model(engine, config, CALIBRATION_SIZES, 2, (1, 4, 8))
+                if calibrate else None)
+        stats = await engine.stats()
+        summary = await replay(engine, traces, arrivals, streaming, seed=args.seed)
+        summary["kv_blocks"], summary["block_size"] = stats.kv_blocks_total, stats.block_size
+        return {"summary": summary, "cost_model": cost}
+    finally:
+        await engine.shutdown()
+
+
+def simulate_grid(traces, args, cost: MeasuredCostModel, kv_blocks: int, block_size: int) -> dict:
+    config = SimEngineConfig(kv_blocks, block_size, args.max_num_batched_tokens, 0)
+    results: dict = {}
+    for mode, policies in ((STREAMING, list(POLICIES)), (NON_STREAMING, [NON_STREAMING_POLICY])):
+        for policy in policies:
+            sim = simulate(traces, SimConfig(policy, mode, config, 1, args.qps, args.seed), cost)
+            results.setdefault(mode, {})[policy] = sim.summary()
+    return results
+
+
+def compare(engine: dict, sim: dict, tolerance: float) -> dict:
+    """Relative error of the simulator's TTFT percentiles against the engine's, per run."""
+    rows, errors = {}, []
+    for mode, policies in engine.items():
+        for policy, measured in policies.items():
+            predicted = sim[mode][policy]
+            row = {}
+            for key in ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "makespan_s"):
+                row[key] = {"engine": measured[key], "sim": predicted[key],
+                            "rel_error": (predicted[key] - measured[key]) / measured[key]}
+            rows.setdefault(mode, {})[policy] = row
+            errors += [abs(row[k]["rel_error"]) for k in ("ttft_p50_s", "ttft_p95_s")]
+    return {"tolerance_rel": tolerance, "median_abs_rel_error_p50_p95": float(np.median(errors)),
+            "max_abs_rel_error_p50_p95": float(max(errors)),
+            "within_tolerance": float(np.median(errors)) <= tolerance, "runs": rows}
+
+
+def _row(mode: str, policy: str, s: dict) -> str:
+    return (f"{mode:14s} {policy:13s} {s['ttft_p50_s']:8.3f} {s['ttft_p95_s']:8.3f} "
+            f"{s['ttft_p99_s']:8.3f} {s['makespan_s']:9.1f} {s['preemptions']:7d}")
+
+
+async def run_all(args) -> dict:
+    traces = make_traces(args.sessions, args.seed, args.delay)
+    arrivals = poisson_arrivals(len(traces), args.qps, args.seed)
+    policies = args.policies.split(",")
+    print(f"{'mode':14s} {'policy':13s} {'p50_s':>8s} {'p95_s':>8s} {'p99_s':>8s} {'makespan':>9s} {'preempt':>7s}")
+    measured = await run_engine(args, NON_STREAMING_POLICY, False, traces, arrivals, calibrate=True)
+    results = {NON_STREAMING: {NON_STREAMING_POLICY: measured["summary"]}}
+    print(_row(NON_STREAMING, NON_STREAMING_POLICY, measured["summary"]))
+    for policy in policies:
+        run = await run_engine(args, policy, True, traces, arrivals, calibrate=False)
+        results.setdefault(STREAMING, {})[policy] = run["summary"]
+        print(_row(STREAMING, policy, run["summary"]))
+    cost = MeasuredCostModel.from_json(measured["cost_model"])
+    kv_blocks, block_size = measured["summary"]["kv_blocks"], measured["summary"]["block_size"]
+    sim = simulate_grid(traces, args, cost, kv_blocks, block_size)
+    sim = {mode: {p: s for p, s in rows.items() if p in results.get(mode, {})} for mode, rows in sim.items()}
+    demand = sum(t.total_context_tokens() + t.output_tokens for t in traces)
+    return {
+        "model": args.model, "sessions": len(traces), "qps": args.qps, "delay": args.delay,
+        "seed": args.seed, "shape": SHAPE, "kv_blocks": kv_blocks, "kv_tokens": kv_blocks * block_size,
+        "total_prompt_tokens": demand, "results": results, "cost_model": measured["cost_model"],
+        "simulator": sim, "sim_vs_engine": compare(results, sim, args.tolerance),
+    }
+
+
+def write(entry: dict, output: Path) -> None:
+    report = json.loads(output.read_text()) if output.exists() else {"workloads": {}}
+    report.setdefault("workloads", {}).setdefault("crawler", {})["engine"] = entry
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--sessions", type=int, default=16)
+    parser.add_argument("--qps", type=float, default=1.0)
+    parser.add_argument("--delay", type=float, default=1.0, help="delay multiplier of the trace")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kv-bytes", type=int, default=72 << 20, help="smollm2: ~23 KB per token")
+    parser.add_argument("--max-model-len", type=int, default=1536)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--tolerance", type=float, default=0.5,
+                        help="stated tolerance: median |relative error| of sim TTFT p50/p95")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    entry = asyncio.run(run_all(args))
+    entry["bench_wall_s"] = time.perf_counter() - started
+    comparison = entry["sim_vs_engine"]
+    print(f"sim vs engine: median |rel err| of p50/p95 {comparison['median_abs_rel_error_p50_p95']:.2f} "
+          f"(max {comparison['max_abs_rel_error_p50_p95']:.2f}), tolerance {args.tolerance}")
+    write(entry, args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

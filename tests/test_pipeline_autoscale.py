@@ -1,0 +1,138 @@
+"""Serve autoscaling driven by `pipeline.autoscale:KVPressurePolicy`: a bounded load on loopback.
+
+Sessions arrive faster than one replica's KV holds them: the central scheduler's projected KV use
+and admission queue rise, the policy asks for a second replica, queued sessions land on it, the
+overflow gets 429 + Retry-After; when the load is gone the policy scales back to the minimum.
+Tiny model, half a CPU per replica (this machine has 2 cores), short autoscaling delays.
+"""
+
+import threading
+import time
+
+import httpx
+import pytest
+from ray import serve
+
+from pipeline_fixtures import parse_sse, serve_app
+
+pytestmark = pytest.mark.timeout(400)
+
+SESSIONS = 12          # 5 fit on a replica, 4 may wait in the queue, the rest must get 429
+ARRIVAL_GAP_S = 0.3
+HOLD_AFTER_SCALE_S = 4.0   # context held open (a slow retrieval) until the scale-up, plus this
+MAX_HOLD_S = 120.0
+CONTEXT = " ".join(f"word{i % 97}" for i in range(540))  # ~1,400 tokens of the tiny tokenizer
+
+CONFIG = {
+    "model": {"model": "tiny", "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 20},
+    "replicas": {"min_replicas": 1, "max_replicas": 2, "num_cpus": 0.5, "report_interval_s": 0.5,
+                 "upscale_delay_s": 1.0, "downscale_delay_s": 4.0, "target_kv_frac": 0.5,
+                 "sessions_per_replica": 2.0},
+    "limits": {"max_queue": 4, "admission_timeout_s": 150.0, "session_ttl_s": 90.0,
+               "max_context_tokens": 1900},
+    "scheduler": {"demand_priors": {"client": 1536}, "stale_after_s": 3.0},
+}
+
+
+def running_replicas() -> int:
+    app = serve.status().applications.get("stream2llm")
+    if app is None:
+        return 0
+    states = app.deployments["EngineReplica"].replica_states
+    return int(states.get("RUNNING", 0))
+
+
+class Watcher(threading.Thread):
+    """Samples the running replica count until stopped: (seconds since start, replicas)."""
+
+    def __init__(self, base: str):
+        super().__init__(daemon=True)
+        self.base = base
+        self.samples: list[tuple[float, int]] = []
+        self.pressure: list[tuple] = []
+        self.stop = threading.Event()
+        self.scaled = threading.Event()
+        self.t0 = time.monotonic()
+
+    def run(self):
+        while not self.stop.is_set():
+            self.samples.append((round(time.monotonic() - self.t0, 1), running_replicas()))
+            if self.samples[-1][1] >= 2:
+                self.scaled.set()
+            view = httpx.get(f"{self.base}/v1/cluster", timeout=10).json()
+            p = view["pressure"]
+            self.pressure.append((self.samples[-1][0], p["replicas"], p["kv_blocks_used"], p["kv_blocks_projected"],
+                                  p["kv_blocks_total"], p["sessions"], p["queued"],
+                                  {r[:4]: len(v["sessions"]) for r, v in view["replicas"].items()}))
+            self.stop.wait(0.5)
+
+
+def one_session(base: str, out: list, i: int, scaled: threading.Event) -> None:
+    with httpx.Client(base_url=base, timeout=120) as c:
+        r = c.post("/v1/streams", json={"source_type": "client"})
+        if r.status_code == 429:
+            out[i] = ("rejected", r.headers.get("retry-after"))
+            return
+        if r.status_code != 201:
+            out[i] = ("open_failed", r.status_code, r.text)
+            return
+        sid = r.json()["session_id"]
+        r = c.post(f"/v1/streams/{sid}/chunks", json={"text": CONTEXT, "source_id": f"s{i}"})
+        if r.status_code != 200:
+            out[i] = ("append_failed", r.status_code, r.text)
+            return
+        scaled.wait(MAX_HOLD_S)
+        time.sleep(HOLD_AFTER_SCALE_S)
+        r = c.post(f"/v1/streams/{sid}/finish", json={"question": "Which word?", "sampling": {"max_tokens": 4}})
+        events = parse_sse(r.text) if r.status_code == 200 else []
+        if not events or events[-1][0] != "final" or not any(n == "token" for n, _ in events):
+            out[i] = ("finish_failed", r.status_code, r.text[-300:])
+            return
+        out[i] = ("answered", events[-1][1]["replica_id"])
+
+
+@pytest.fixture(scope="module")
+def base():
+    with serve_app(CONFIG) as url:
+        yield url
+
+
+def test_load_ramp_scales_up_then_down_and_loses_no_session(base):
+    assert running_replicas() == 1
+    watcher = Watcher(base)
+    watcher.start()
+    results: list = [None] * SESSIONS
+    threads = []
+    for i in range(SESSIONS):
+        t = threading.Thread(target=one_session, args=(base, results, i, watcher.scaled))
+        t.start()
+        threads.append(t)
+        time.sleep(ARRIVAL_GAP_S)
+    for t in threads:
+        t.join(timeout=240)
+    load_end = time.monotonic() - watcher.t0
+    deadline = time.monotonic() + 60
+    while running_replicas() != 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(1.0)
+    watcher.stop.set()
+    watcher.join()
+    samples = watcher.samples
+    print(f"\nreplica timeline (s, running): {samples[::4]}\nload ended at {load_end:.1f} s; results {results}")
+    print("pressure (s, replicas, used, projected, total, sessions, queued, per replica):")
+    print("\n".join(map(str, watcher.pressure[::4])))
+
+    kinds = [r[0] if r else "lost" for r in results]
+    assert set(kinds) <= {"answered", "rejected"}, results  # none lost, nothing else failed
+    answered = [r[1] for r in results if r[0] == "answered"]
+    rejected = [r for r in results if r[0] == "rejected"]
+    assert len(answered) >= 6 and rejected, results
+    assert all(r[1] and int(r[1]) >= 1 for r in rejected)  # Retry-After on every 429
+    assert len(set(answered)) == 2  # the added replica served sessions
+    counts = [n for _, n in samples]
+    assert max(counts) == 2 and counts[-1] == 1  # added, then removed
+    up = next(t for t, n in samples if n == 2)
+    down = next(t for t, n in samples if t > up and n == 1)
+    assert up < load_end < down + 1  # scaled up under load, down after it
+    pressure = httpx.get(f"{base}/v1/cluster", timeout=10).json()["pressure"]
+    assert pressure["sessions"] == 0 and pressure["queued"] == 0
