@@ -63,8 +63,10 @@ def choose(ordered: Sequence[RequestView], budget: StepBudget, capacity: int) ->
     chosen = []
     token_left, block_left, bs = budget.max_num_tokens, capacity, budget.block_size
     for view in ordered:
-        work, held, computed = view.num_tokens_to_compute, view.num_kv_blocks, view.num_computed_tokens
-        if work and token_left:
+        held = view.num_kv_blocks
+        # Once the token budget is spent the rest only keep memory: skip pricing their work.
+        if token_left and (work := view.num_tokens_to_compute):
+            computed = view.num_computed_tokens
             tokens = min(work, token_left, block_left * bs - computed)
             if tokens > 0:
                 after = max(held, _blocks_for(computed + tokens, bs))
