@@ -38,13 +38,12 @@ class StreamingScheduler(Scheduler):
         extra = self.vllm_config.additional_config
         name = extra.get(POLICY_KEY, "default_vllm") if isinstance(extra, dict) else "default_vllm"
         self.stream_policy = make_policy(name)
-        self.idle_evictions = 0
         self._seq = itertools.count()
         self._views: dict[str, RequestView] = {}
         self._evicted_idle: set[str] = set()
 
     def schedule(self, *args, **kwargs):
-        self._evict_idle_sessions()
+        self._make_room_for_next_request()
         return super().schedule(*args, **kwargs)
 
     # ---- eviction ----------------------------------------------------------------------
@@ -56,7 +55,7 @@ class StreamingScheduler(Scheduler):
                     return request
         return None
 
-    def _evict_idle_sessions(self) -> None:
+    def _make_room_for_next_request(self) -> None:
         """Free enough blocks for the next waiting request by evicting other KV holders.
 
         Without this, waiting requests that hold KV (idle streams, and streams whose next chunk
@@ -91,7 +90,6 @@ class StreamingScheduler(Scheduler):
         # all its tokens (how vLLM resumes streams); an idle one stays blocked until its next chunk.
         self.waiting.add_request(request)
         self.reset_preempted_req_ids.add(request.request_id)
-        self.idle_evictions += 1
         if self.log_stats:  # reported like vLLM's own preemptions (kind: recompute)
             request.record_event(EngineCoreEventType.PREEMPTED, time.monotonic())
 
