@@ -108,6 +108,14 @@ class EngineClient:
                     raise
                 await self.recover(session, dead=is_replica_gone(e))
 
+    async def tokenize(self, session: SessionLog, text: str) -> list[int]:
+        return await self._handle.tokenize.remote(text, route_to=session.replica_id)
+
+    def generate(self, session: SessionLog, token_ids: list[int], sampling: dict):
+        """One-shot generation on the session's replica, salted with its id (no KV reuse)."""
+        return self._handle.options(stream=True).generate.remote(
+            None, sampling, token_ids=token_ids, cache_salt=session.session_id, route_to=session.replica_id)
+
     async def abort(self, session: SessionLog) -> bool:
         try:
             return await self._handle.abort.remote(session.session_id, route_to=session.replica_id)

@@ -79,7 +79,7 @@ async def rag_events(ing, request):
         async with session.lock:
             await ing.client.add(session, "append", rag_header())
             async for event in open_source(request.source, request.question, ing.actors):
-                item = await _context_event(ing, session, event)
+                item = await context_event(ing, session, event, ing.client.add)
                 if item is not None:
                     yield item
                 if isinstance(event, Done):
@@ -97,7 +97,9 @@ async def rag_events(ing, request):
             await asyncio.shield(_abort(ing, session))
 
 
-async def _context_event(ing, session: SessionLog, event):
+async def context_event(ing, session: SessionLog, event, add):
+    """Forward one retrieval event with `add(session, mode, text) -> context tokens`; the
+    (event, data) pair to send to the client, or None."""
     if isinstance(event, SourceError):
         return "source_error", {"source": event.source, "reason": event.reason}
     if isinstance(event, Done):
@@ -108,7 +110,7 @@ async def _context_event(ing, session: SessionLog, event):
     text = event_text(event) if mode == "append" else rag_header() + event_text(event)
     try:
         ing.sessions.check_chunk_room(session)
-        tokens = await ing.client.add(session, mode, text)
+        tokens = await add(session, mode, text)
     except Exception as e:
         # Over a limit: the session keeps the context it has and the answer uses that.
         if not isinstance(unwrap(e), LimitExceeded):

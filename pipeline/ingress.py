@@ -22,11 +22,12 @@ from pipeline.errors import AdmissionRejected, LimitExceeded, unwrap
 from pipeline.flows import answer_events, rag_events
 from pipeline.http_util import LimitsMiddleware, error_response, event_stream, first_then_rest, validation_response
 from pipeline.metrics import PipelineMetrics
+from pipeline.oneshot import oneshot_rag_events
 from pipeline.retriever_actors import RetrieverActors
 from pipeline.schemas import (ChatCompletionRequest, ChunkBody, CompletionRequest, FinishBody, OpenStream,
                               RagRequest, ReplaceBody)
 from pipeline.sessions import SessionTable
-from pipeline.sources import format_piece
+from pipeline.sources import format_piece, source_type
 
 log = logging.getLogger("stream2llm.ingress")
 
@@ -104,7 +105,11 @@ class IngressRoutes(Ingress):
 
     async def _rag(self, body: RagRequest):
         self._check_answer_budget(body.sampling)
-        events = await first_then_rest(rag_events(self, body))
+        if body.prompt_mode == "oneshot":
+            events = oneshot_rag_events(self, body, source_type(body.source))
+        else:
+            events = rag_events(self, body)
+        events = await first_then_rest(events)
         if body.stream:
             return event_stream(events)
         return await _collect(events)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import asdict
 
 import ray
@@ -94,13 +95,20 @@ class EngineReplica:
             if not done:
                 await self._abort_quietly(session_id)
 
-    async def generate(self, prompt: str, sampling: dict | None = None, route_to=None):
+    async def generate(self, prompt: str | None, sampling: dict | None = None, token_ids: list[int] | None = None,
+                       cache_salt: str | None = None, route_to=None):
+        """One-shot generation (the non-streaming baseline); cancellation aborts the request."""
         from engine.api import SessionStats
 
-        stats = SessionStats(session_id="generate")
-        async for delta in self._engine.generate(prompt, sampling=SamplingConfig(**(sampling or {})), stats=stats):
-            yield {"text": delta.text, "token_ids": list(delta.token_ids),
-                   "finished": delta.finished, "finish_reason": delta.finish_reason}
+        stats = SessionStats(session_id=cache_salt or uuid.uuid4().hex)  # names the engine request: unique
+        deltas = self._engine.generate(prompt, token_ids=token_ids, sampling=SamplingConfig(**(sampling or {})),
+                                       stats=stats, cache_salt=cache_salt)
+        try:
+            async for delta in deltas:
+                yield {"text": delta.text, "token_ids": list(delta.token_ids),
+                       "finished": delta.finished, "finish_reason": delta.finish_reason}
+        except ContextTooLongError as e:
+            raise ContextLimitExceeded(str(e)) from None
         yield {"stats": {**asdict(stats), "ttft_s": stats.ttft_s, "replica_id": self.replica_id}}
 
     async def abort(self, session_id: str, route_to=None) -> bool:

@@ -9,11 +9,14 @@ the offline corpus web site (loopback only) in a small actor and crawls/searches
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import ray
 
 from pipeline.errors import BadRequest, SourceUnavailable
+
+log = logging.getLogger("stream2llm.retrievers")
 
 
 @ray.remote(num_cpus=0)
@@ -42,8 +45,17 @@ class RetrieverActors:
 
     async def _events(self, source, question: str):
         refs = await self._open(source, question)
-        async for ref in refs:
-            yield await ref
+        exhausted = False
+        try:
+            async for ref in refs:
+                yield await ref
+            exhausted = True
+        finally:
+            if not exhausted:  # the client left or the flow stopped early: stop fetching for it
+                try:
+                    ray.cancel(refs)
+                except Exception as e:
+                    log.debug("cancelling a retriever stream failed: %r", e)
 
     async def _open(self, source, question: str):
         if source.type in ("crawl", "search"):

@@ -47,6 +47,8 @@ class RagRequest(_Body):
     question: StrictStr = Field(min_length=1)
     source: Source
     stream: StrictBool = True
+    prompt_mode: Literal["stream", "oneshot"] = Field(
+        "stream", description="stream: prefill context as it arrives; oneshot: the baseline, one prompt after retrieval")
     sampling: Sampling = Field(default_factory=Sampling)
 
 

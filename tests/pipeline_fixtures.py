@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 import time
-from pathlib import Path
 
 import httpx
 
-REPO = str(Path(__file__).resolve().parent.parent)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pipeline.local import REPO, free_port, local_app, wait_ready  # noqa: F401 (re-exported)
 
 
 def tiny_config(**sections) -> dict:
@@ -38,42 +29,11 @@ def tiny_config(**sections) -> dict:
 @contextlib.contextmanager
 def serve_app(config_dict: dict, num_cpus: int = 2, address: str | None = None):
     """Start Ray (in-process driver), Serve on a free loopback port, deploy; always tear down."""
-    import ray
-    from ray import serve
-
-    from pipeline.app import build_app
     from pipeline.config import AppConfig
 
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), REPO) if p)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    port = free_port()
-    if address is None:
-        ray.init(num_cpus=num_cpus, include_dashboard=False)
-    else:
-        ray.init(address=address)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
-        config = AppConfig.model_validate(config_dict)
-        serve.run(build_app(config), name=config.name, route_prefix="/")
-        base = f"http://127.0.0.1:{port}"
-        wait_ready(base)
+    with local_app(AppConfig.model_validate(config_dict), num_cpus=num_cpus, address=address,
+                   ready_timeout_s=180.0) as base:
         yield base
-    finally:
-        with contextlib.suppress(Exception):
-            serve.shutdown()
-        ray.shutdown()
-
-
-def wait_ready(base: str, timeout: float = 180.0, replicas: int = 1) -> None:
-    """Until /healthz says the replicas reported to the central scheduler."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            r = httpx.get(f"{base}/healthz", timeout=5)
-            if r.status_code == 200 and r.json()["replicas"] >= replicas:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"{base} not ready within {timeout} s")
 
 
 def parse_sse(text: str) -> list[tuple[str, dict]]:

@@ -125,6 +125,44 @@ def test_rag_offline_corpus_documents_non_streaming(base):
     assert body["final"]["citations"][0]["source_id"] == q.doc_id
 
 
+def _rag_answer(base, documents, mode):
+    r = post(base, "/v1/rag", {"question": "Which city is named?", "prompt_mode": mode, "sampling": {"max_tokens": 8},
+                               "source": {"type": "documents", "documents": documents}})
+    assert r.status_code == 200, r.text
+    events = parse_sse(r.text)
+    tokens = [t for name, data in events if name == "token" for t in data["token_ids"]]
+    return events, tokens
+
+
+def test_rag_oneshot_baseline_answers_like_streaming_from_the_same_context(base):
+    # The third document is over the context limit: both modes must skip it the same way.
+    documents = ["Rome is in Italy. " * 20, "Oslo is in Norway. " * 20, "word " * 1500, "Lima is in Peru."]
+    stream_events, stream_tokens = _rag_answer(base, documents, "stream")
+    oneshot_events, oneshot_tokens = _rag_answer(base, documents, "oneshot")
+    assert len(stream_tokens) == 8 and oneshot_tokens == stream_tokens
+    for events in (stream_events, oneshot_events):
+        assert [n for n, _ in events].count("context_skipped") == 1
+    final = oneshot_events[-1][1]
+    assert final["prompt_mode"] == "oneshot" and final["tokens_prefilled_before_finish"] == 0
+    assert [c["source_id"] for c in final["citations"]] == ["doc-0", "doc-1", "doc-3"]
+    assert final["ttft_s"] > 0 and final["context_tokens"] > stream_events[-1][1]["tokens_prefilled_before_finish"]
+
+
+def test_concurrent_one_shot_generations_do_not_collide(base):
+    bodies = [{"model": "stream2llm", "prompt": f"Hello number {i}", "max_tokens": 4} for i in range(3)]
+    results = [None] * 3
+
+    def call(i):
+        results[i] = post(base, "/v1/completions", bodies[i])
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4 for r in results)
+
+
 # ---- bad input and limits -----------------------------------------------------------------------
 @pytest.mark.parametrize("body, status, error", [
     (b"{not json", 400, "MalformedJSON"),

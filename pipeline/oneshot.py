@@ -1,0 +1,78 @@
+"""The non-streaming baseline of /v1/rag (`"prompt_mode": "oneshot"`): what a plain vLLM server does.
+
+Retrieval runs exactly as in streaming mode (same sources, same events to the client, same limits),
+but nothing reaches the engine until retrieval is done: then the whole prompt is generated in one
+request on the admitted replica. The prompt is the same token sequence a streamed session ends
+with (each piece tokenized on its own, as appends are), so greedy answers of both modes agree. It
+is salted with the session id so it never reuses KV cached by another request (a streamed run of
+the same question included): its TTFT is the full prefill, as for a fresh question.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from pipeline.errors import LimitExceeded
+from pipeline.flows import context_event, final_event
+from pipeline.prompt import rag_footer, rag_header
+from pipeline.sessions import SessionLog
+from pipeline.sources import Done, open_source
+
+
+class BufferedPrompt:
+    """The pieces of a one-shot prompt as token ids, kept in the ingress until retrieval ends."""
+
+    def __init__(self, ing):
+        self._ing = ing
+        self._pieces: list[list[int]] = []
+
+    async def add(self, session: SessionLog, mode: str, text: str) -> int:
+        """Same limit as a streamed session: the context it would hold after this piece."""
+        ids = await self._ing.client.tokenize(session, text)
+        total = len(ids) + (session.context_tokens if mode == "append" else 0)
+        limit = self._ing.config.limits.max_context_tokens
+        if total > limit:
+            raise LimitExceeded(f"context of {total} tokens exceeds the limit of {limit} tokens; "
+                                "the session keeps its previous context")
+        self._pieces = self._pieces + [ids] if mode == "append" else [ids]
+        session.ops.append((mode, text))
+        session.context_tokens = total
+        return total
+
+    def token_ids(self, footer: list[int]) -> list[int]:
+        return [t for piece in self._pieces for t in piece] + footer
+
+
+async def oneshot_rag_events(ing, request, source_type: str):
+    started = time.monotonic()
+    session_id, replica_id = await ing.client.admit(source_type)
+    session = SessionLog(session_id, source_type, replica_id)
+    prompt = BufferedPrompt(ing)
+    finished = False
+    try:
+        await prompt.add(session, "append", rag_header())
+        async for event in open_source(request.source, request.question, ing.actors):
+            item = await context_event(ing, session, event, prompt.add)
+            if item is not None:
+                yield item
+            if isinstance(event, Done):
+                break
+        retrieval_s = time.monotonic() - started
+        footer = await ing.client.tokenize(session, rag_footer(request.question))
+        stats: dict = {}
+        async for item in ing.client.generate(session, prompt.token_ids(footer), request.sampling.model_dump()):
+            if "stats" in item:
+                stats = item["stats"]
+                break
+            yield "token", {"text": item["text"], "token_ids": item["token_ids"],
+                            "finish_reason": item["finish_reason"]}
+        finished = True
+        ing.metrics.observe_final("rag_oneshot", stats)
+        yield "final", {**final_event(session, {**stats, "tokens_prefilled_before_finish": 0}),
+                        "retrieval_s": round(retrieval_s, 4), "prompt_mode": "oneshot"}
+    finally:
+        if not finished:
+            ing.metrics.aborted.labels("cut_short").inc()
+        # Cancelling the generate stream aborts its engine request; only the admission is left.
+        await asyncio.shield(ing.client.release(session, session.context_tokens if finished else None))

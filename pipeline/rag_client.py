@@ -1,0 +1,135 @@
+"""A client of `/v1/rag` that times what a user sees: SSE events parsed as they arrive.
+
+    async with httpx.AsyncClient(timeout=None) as http:
+        result = await ask(http, base_url, "What is the capital of Peru?", {"type": "vector"})
+        result.answer, result.citations, result.ttft_s
+
+`ttft_s` is the paper's TTFT measured at the client: from the `retrieval_done` event (the last
+context piece is in) to the first answer token, both received over HTTP. `engine_ttft_s` is the
+engine's own figure for the same request (from handing over the question to its first token).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+
+@dataclass
+class RagResult:
+    question: str
+    prompt_mode: str
+    status: int = 0
+    error: str | None = None
+    answer: str = ""
+    final: dict = field(default_factory=dict)
+    contexts: int = 0
+    skipped: int = 0
+    source_errors: int = 0
+    sent_at: float = 0.0
+    retrieval_done_at: float | None = None
+    first_token_at: float | None = None
+    done_at: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None and bool(self.final)
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.first_token_at is None or self.retrieval_done_at is None:
+            return None
+        return self.first_token_at - self.retrieval_done_at
+
+    @property
+    def engine_ttft_s(self) -> float | None:
+        return self.final.get("ttft_s")
+
+    @property
+    def citations(self) -> list[dict]:
+        return self.final.get("citations", [])
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.done_at is None else self.done_at - self.sent_at
+
+    def summary(self) -> dict:
+        """A flat record for JSON/CSV output."""
+        return {"question": self.question, "prompt_mode": self.prompt_mode, "status": self.status,
+                "ok": self.ok, "error": self.error, "answer": self.answer, "ttft_s": self.ttft_s,
+                "engine_ttft_s": self.engine_ttft_s, "latency_s": self.latency_s,
+                "retrieval_s": self.final.get("retrieval_s"), "contexts": self.contexts,
+                "context_tokens": self.final.get("context_tokens"),
+                "tokens_prefilled_before_finish": self.final.get("tokens_prefilled_before_finish"),
+                "tokens_invalidated": self.final.get("tokens_invalidated"),
+                "replica_id": self.final.get("replica_id"), "sent_at": self.sent_at,
+                "citations": [c.get("source_id") for c in self.citations]}
+
+
+async def ask(http: httpx.AsyncClient, base_url: str, question: str, source: dict, *,
+              prompt_mode: str = "stream", max_tokens: int = 32, headers: dict | None = None) -> RagResult:
+    """POST /v1/rag and read its event stream; HTTP errors come back in the result, not raised."""
+    body = {"question": question, "source": source, "prompt_mode": prompt_mode,
+            "sampling": {"max_tokens": max_tokens, "temperature": 0.0}}
+    result = RagResult(question, prompt_mode, sent_at=time.monotonic())
+    try:
+        async with http.stream("POST", f"{base_url}/v1/rag", json=body, headers=headers) as response:
+            result.status = response.status_code
+            if response.status_code != 200:
+                await response.aread()
+                result.error = _reason(response)
+                return result
+            async for name, data in _sse_events(response):
+                _on_event(result, name, data)
+    except httpx.HTTPError as e:
+        result.error = f"{type(e).__name__}: {e}"
+    finally:
+        result.done_at = time.monotonic()
+    if result.error is None and not result.final:
+        result.error = "the stream ended without a final event"
+    return result
+
+
+def _on_event(result: RagResult, name: str, data: dict) -> None:
+    now = time.monotonic()
+    if name == "context":
+        result.contexts += 1
+    elif name == "context_skipped":
+        result.skipped += 1
+    elif name == "source_error":
+        result.source_errors += 1
+    elif name == "retrieval_done":
+        result.retrieval_done_at = now
+    elif name == "token":
+        if result.first_token_at is None and data.get("token_ids"):
+            result.first_token_at = now
+        result.answer += data.get("text", "")
+    elif name == "final":
+        result.final = data
+    elif name == "error":
+        result.error = f"{data.get('error')}: {data.get('reason')}"
+
+
+async def _sse_events(response: httpx.Response):
+    name, data = None, None
+    async for line in response.aiter_lines():
+        if line.startswith("event: "):
+            name = line[len("event: "):]
+        elif line.startswith("data: "):
+            data = json.loads(line[len("data: "):])
+        elif not line and name is not None:
+            yield name, data
+            name, data = None, None
+    if name is not None:
+        yield name, data
+
+
+def _reason(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+        return f"{body.get('error')}: {body.get('reason')}"
+    except ValueError:
+        return response.text[:200]
