@@ -169,6 +169,10 @@ class StreamingEngine(ABC):
     def tokenize(self, text: str) -> list[int]:
         """The engine's tokenizer, without special tokens."""
 
+    @abstractmethod
+    def render_chat(self, messages: Sequence[dict]) -> str:
+        """Chat messages as prompt text, with the model's own chat template and generation prompt."""
+
     @property
     @abstractmethod
     def max_model_len(self) -> int: ...

@@ -43,6 +43,11 @@ class RagPrompt:
     def footer_text(self, question: str) -> str:
         return f"Question: {question}" + self._after_user
 
+    def template_parts(self) -> dict:
+        """What a remote caller needs to assemble the same text: header and the text after the
+        question (footer = "Question: " + question + after_question)."""
+        return {"header": self.header_text(), "after_question": self._after_user}
+
     def header_ids(self) -> list[int]:
         return self._encode(self.header_text())
 

@@ -77,6 +77,9 @@ class VLLMStreamingEngine(StreamingEngine):
     def tokenize(self, text: str) -> list[int]:
         return self._tokenizer.encode(check_text(text), add_special_tokens=False)
 
+    def render_chat(self, messages) -> str:
+        return self._tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+
     @property
     def tokenizer(self):
         return self._tokenizer

@@ -11,7 +11,6 @@ import asyncio
 import time
 
 from pipeline.errors import LimitExceeded, unwrap
-from pipeline.prompt import rag_footer, rag_header
 from pipeline.sessions import SessionLog
 from pipeline.sources import (AppendChunk, Done, ReplaceContext, SourceError, citation, event_text,
                               open_source, source_type)
@@ -77,7 +76,7 @@ async def rag_events(ing, request):
     handed_over = False
     try:
         async with session.lock:
-            await ing.client.add(session, "append", rag_header())
+            await ing.client.add(session, "append", ing.template.header)
             async for event in open_source(request.source, request.question, ing.actors):
                 item = await context_event(ing, session, event, ing.client.add)
                 if item is not None:
@@ -87,7 +86,7 @@ async def rag_events(ing, request):
         retrieval_s = time.monotonic() - started
         handed_over = True
         sampling = request.sampling.model_dump()
-        async for name, data in answer_events(ing, session, rag_footer(request.question), sampling, "rag"):
+        async for name, data in answer_events(ing, session, ing.template.footer(request.question), sampling, "rag"):
             if name == "final":
                 data = {**data, "retrieval_s": round(retrieval_s, 4)}
             yield name, data
@@ -107,7 +106,7 @@ async def context_event(ing, session: SessionLog, event, add):
     if not isinstance(event, (AppendChunk, ReplaceContext)):
         return None
     mode = "append" if isinstance(event, AppendChunk) else "replace"
-    text = event_text(event) if mode == "append" else rag_header() + event_text(event)
+    text = event_text(event) if mode == "append" else ing.template.header + event_text(event)
     try:
         ing.sessions.check_chunk_room(session)
         tokens = await add(session, mode, text)

@@ -23,6 +23,7 @@ from pipeline.flows import answer_events, rag_events
 from pipeline.http_util import LimitsMiddleware, error_response, event_stream, first_then_rest, validation_response
 from pipeline.metrics import PipelineMetrics
 from pipeline.oneshot import oneshot_rag_events
+from pipeline.prompt import PromptTemplate, fetch_template
 from pipeline.retriever_actors import RetrieverActors
 from pipeline.schemas import (ChatCompletionRequest, ChunkBody, CompletionRequest, FinishBody, OpenStream,
                               RagRequest, ReplaceBody)
@@ -43,6 +44,7 @@ class Ingress:
         self.scheduler = get_or_create_scheduler(self.config)
         self.client = EngineClient(engine_handle, self.scheduler, limits)
         self.handle = engine_handle
+        self.template: PromptTemplate | None = None  # the model's RAG prompt text, from a replica
         self.sessions = SessionTable(limits.session_ttl_s, limits.max_chunks_per_session)
         self.metrics = PipelineMetrics()
         self.actors = RetrieverActors(self.config)
@@ -105,6 +107,8 @@ class IngressRoutes(Ingress):
 
     async def _rag(self, body: RagRequest):
         self._check_answer_budget(body.sampling)
+        if self.template is None:
+            self.template = await fetch_template(self.handle)
         if body.prompt_mode == "oneshot":
             events = oneshot_rag_events(self, body, source_type(body.source))
         else:

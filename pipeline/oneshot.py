@@ -15,7 +15,6 @@ import time
 
 from pipeline.errors import LimitExceeded
 from pipeline.flows import context_event, final_event
-from pipeline.prompt import rag_footer, rag_header
 from pipeline.sessions import SessionLog
 from pipeline.sources import Done, open_source
 
@@ -51,7 +50,7 @@ async def oneshot_rag_events(ing, request, source_type: str):
     prompt = BufferedPrompt(ing)
     finished = False
     try:
-        await prompt.add(session, "append", rag_header())
+        await prompt.add(session, "append", ing.template.header)
         async for event in open_source(request.source, request.question, ing.actors):
             item = await context_event(ing, session, event, prompt.add)
             if item is not None:
@@ -59,7 +58,7 @@ async def oneshot_rag_events(ing, request, source_type: str):
             if isinstance(event, Done):
                 break
         retrieval_s = time.monotonic() - started
-        footer = await ing.client.tokenize(session, rag_footer(request.question))
+        footer = await ing.client.tokenize(session, ing.template.footer(request.question))
         stats: dict = {}
         async for item in ing.client.generate(session, prompt.token_ids(footer), request.sampling.model_dump()):
             if "stats" in item:

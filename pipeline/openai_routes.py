@@ -13,7 +13,6 @@ import uuid
 from fastapi.responses import StreamingResponse
 
 from pipeline.errors import BadRequest, LimitExceeded
-from pipeline.prompt import chat_prompt
 from pipeline.schemas import ChatCompletionRequest, CompletionRequest
 
 
@@ -41,12 +40,14 @@ async def completions(ing, body: CompletionRequest):
 
 async def chat_completions(ing, body: ChatCompletionRequest):
     _check(ing, body.model, body.answer_tokens())
-    return await _respond(ing, body, chat_prompt(body.messages), body.answer_tokens(),
-                          "chat.completion", _chat_choice)
+    messages = [m.model_dump() for m in body.messages]
+    return await _respond(ing, body, {"messages": messages}, body.answer_tokens(), "chat.completion", _chat_choice)
 
 
-async def _respond(ing, body, prompt: str, max_tokens: int, kind: str, choice):
-    stream = ing.handle.options(stream=True).generate.remote(prompt, _sampling(body, max_tokens))
+async def _respond(ing, body, prompt: str | dict, max_tokens: int, kind: str, choice):
+    """`prompt` is text, or {"messages": [...]} for the replica to render with the chat template."""
+    text, extra = (None, prompt) if isinstance(prompt, dict) else (prompt, {})
+    stream = ing.handle.options(stream=True).generate.remote(text, _sampling(body, max_tokens), **extra)
     rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex}"
     head = {"id": rid, "created": int(time.time()), "model": body.model}
     if body.stream:

@@ -1,27 +1,26 @@
-"""RAG prompt pieces as text, rendered in the ingress without loading a tokenizer.
+"""RAG prompt text in the ingress, from the model's own chat template (fetched once from a replica).
 
-The layout is `engine.prompt.RagPrompt`'s with SmolLM2's chat template (ChatML): the header opens
-the prompt (first chunk), each retrieved document is one piece tagged `[source_id] title` in a
-stable order, and the question closes it (the `finish` piece), so a replace keeps the longest
-common prefix. Replicas tokenize the text.
+The layout is `engine.prompt.RagPrompt`'s: the header opens the prompt (first chunk), each retrieved
+document is one piece tagged `[source_id] title` in a stable order, and the question closes it (the
+`finish` piece), so a replace keeps the longest common prefix. Replicas tokenize the text; the
+ingress never loads a tokenizer.
 """
 
 from __future__ import annotations
 
-from pipeline.schemas import ChatMessage
-
-SYSTEM = "You are a helpful assistant. Answer the question using the documents."
+from dataclasses import dataclass
 
 
-def rag_header() -> str:
-    return f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nDocuments:\n\n"
+@dataclass(frozen=True)
+class PromptTemplate:
+    header: str
+    after_question: str
+
+    def footer(self, question: str) -> str:
+        return f"Question: {question.strip()}{self.after_question}"
 
 
-def rag_footer(question: str) -> str:
-    return f"Question: {question.strip()}<|im_end|>\n<|im_start|>assistant\n"
-
-
-def chat_prompt(messages: list[ChatMessage]) -> str:
-    """ChatML, the template of SmolLM2 (the default model)."""
-    turns = "".join(f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in messages)
-    return turns + "<|im_start|>assistant\n"
+async def fetch_template(handle) -> PromptTemplate:
+    """Any replica serves the same model, so any one can answer."""
+    parts = await handle.prompt_template.remote()
+    return PromptTemplate(parts["header"], parts["after_question"])

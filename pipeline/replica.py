@@ -96,9 +96,13 @@ class EngineReplica:
                 await self._abort_quietly(session_id)
 
     async def generate(self, prompt: str | None, sampling: dict | None = None, token_ids: list[int] | None = None,
-                       cache_salt: str | None = None, route_to=None):
-        """One-shot generation (the non-streaming baseline); cancellation aborts the request."""
+                       cache_salt: str | None = None, messages: list[dict] | None = None, route_to=None):
+        """One-shot generation (the non-streaming baseline; chat `messages` get the model's chat
+        template); cancellation aborts the request."""
         from engine.api import SessionStats
+
+        if messages is not None:
+            prompt = self._engine.render_chat(messages)
 
         stats = SessionStats(session_id=cache_salt or uuid.uuid4().hex)  # names the engine request: unique
         deltas = self._engine.generate(prompt, token_ids=token_ids, sampling=SamplingConfig(**(sampling or {})),
@@ -142,6 +146,11 @@ class EngineReplica:
     # ---- introspection -----------------------------------------------------------------------
     async def tokenize(self, text: str, route_to=None) -> list[int]:
         return self._engine.tokenize(text)
+
+    async def prompt_template(self, route_to=None) -> dict:
+        from engine.prompt import RagPrompt
+
+        return RagPrompt(self._engine.tokenizer).template_parts()
 
     async def info(self, route_to=None) -> dict:
         return {"replica_id": self.replica_id, "node_id": self.node_id,

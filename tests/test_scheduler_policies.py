@@ -73,10 +73,15 @@ def test_tailguard_bands_and_idle_eviction_by_expected_next_chunk():
     idle_soon = view(2, first=0.0, last=9.0, computed=100, running=True, gaps=[1.0])
     idle_far = view(3, first=0.0, last=9.5, computed=100, running=True, gaps=[20.0])
     idle_new = view(4, first=9.0, computed=100, running=True)  # no gap history yet
-    evicted = view(5, first=0.0, prompt=300)
+    evicted = view(5, first=0.0, last=5.0, prompt=300)
+    evicted_stale = view(6, first=1.0, last=2.0, prompt=300)  # older last chunk than r5's
+    complete_evicted = view(7, first=0.0, last=1.0, prompt=400, complete=True)
     order = make_policy("tailguard").order(
-        [evicted, idle_new, idle_far, idle_soon, resident_work, complete])
-    assert ids(order) == ["r0", "r1", "r2", "r3", "r4", "r5"]
+        [complete_evicted, evicted, evicted_stale, idle_new, idle_far, idle_soon, resident_work, complete])
+    # A resident complete request goes before an older evicted one (which needs a full recompute).
+    complete.running = True
+    order = make_policy("tailguard").order(order)
+    assert ids(order) == ["r0", "r7", "r1", "r2", "r3", "r4", "r6", "r5"]
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))

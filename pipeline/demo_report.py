@@ -1,0 +1,101 @@
+"""What `stream2llm demo` prints: one block per answer, then the closing table (rows are plain dicts,
+written as JSON with `--out`)."""
+
+from __future__ import annotations
+
+import statistics
+
+from pipeline.rag_client import RagResult
+from retrievers.corpus import GroundedQuestion
+
+ANSWER_CHARS = 160
+CITATIONS_SHOWN = 9
+
+
+def is_correct(answer: str, capital: str) -> bool:
+    return capital.casefold() in answer.casefold()
+
+
+def cites_country(citations: list[dict], doc_id: str) -> bool:
+    """The crawler cites page URLs (.../wiki/<doc_id>), the vector search doc ids: same last part."""
+    return any(str(c.get("url_or_doc_id", "")).rsplit("/", 1)[-1] == doc_id for c in citations)
+
+
+def make_row(question: GroundedQuestion, source_name: str, source: dict, results: dict[str, RagResult]) -> dict:
+    s, o = results["stream"], results["oneshot"]
+    speedup = o.ttft_s / s.ttft_s if s.ttft_s and o.ttft_s else None
+    return {
+        "country": question.country, "capital": question.capital, "question": question.question,
+        "source": source_name, "request_source": source,
+        "correct_stream": is_correct(s.answer, question.capital),
+        "correct_oneshot": is_correct(o.answer, question.capital),
+        "country_page_cited": cites_country(s.citations, question.doc_id),
+        "context_tokens": s.final.get("context_tokens"),
+        "ttft_stream_s": s.ttft_s, "ttft_oneshot_s": o.ttft_s,
+        "engine_ttft_stream_s": s.engine_ttft_s, "engine_ttft_oneshot_s": o.engine_ttft_s,
+        "speedup": speedup, "same_answer": s.ok and o.ok and s.answer == o.answer,
+        "citations": [{k: c.get(k) for k in ("source_id", "title", "url_or_doc_id")} for c in s.citations],
+        "stream": s.summary(), "oneshot": o.summary(),
+    }
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+def _short(text: str, limit: int = ANSWER_CHARS) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def print_answer(number: int, row: dict) -> None:
+    s, o = row["stream"], row["oneshot"]
+    print(f"\nQ{number} {row['question']}  [{row['source']}: {row['request_source']}]", flush=True)
+    for mode, result in (("stream", s), ("one-shot", o)):
+        status = "" if result["ok"] else f"  FAILED ({result['status']}: {result['error']})"
+        print(f"  {mode:<9}{_short(result['answer'])!r}{status}")
+        print(f"  {'':<9}TTFT {_ms(result['ttft_s'])} (engine {_ms(result['engine_ttft_s'])}), "
+              f"retrieval {result['retrieval_s'] or 0:.2f} s, {result['context_tokens']} context tokens")
+    cites = [f"{c['source_id']}: {c['title']}" for c in row["citations"]]
+    more = f" (+{len(cites) - CITATIONS_SHOWN} more)" if len(cites) > CITATIONS_SHOWN else ""
+    print(f"  cited    {'; '.join(cites[:CITATIONS_SHOWN])}{more}")
+    if not row["country_page_cited"]:
+        print(f"  note     the {row['country']} article is not among the sources")
+
+
+HEADER = (("country", 14), ("source", 8), ("correct s/o", 12), ("page", 5), ("ctx tok", 8),
+          ("TTFT stream", 12), ("TTFT 1-shot", 12), ("speedup", 8), ("same", 5))
+
+
+def _cells(row: dict) -> tuple:
+    yes = {True: "yes", False: "no"}
+    speedup = "-" if row["speedup"] is None else f"{row['speedup']:.1f}x"
+    return (row["country"], row["source"], f"{yes[row['correct_stream']]}/{yes[row['correct_oneshot']]}",
+            yes[row["country_page_cited"]], row["context_tokens"] if row["context_tokens"] is not None else "-",
+            _ms(row["ttft_stream_s"]), _ms(row["ttft_oneshot_s"]), speedup, yes[row["same_answer"]])
+
+
+def print_table(rows: list[dict]) -> None:
+    line = "".join(f"{name:>{width}}" if i > 1 else f"{name:<{width}}" for i, (name, width) in enumerate(HEADER))
+    print(f"\n{line}\n{'-' * len(line)}")
+    for row in rows:
+        cells = _cells(row)
+        print("".join(f"{c!s:>{w}}" if i > 1 else f"{c!s:<{w}}" for i, (c, (_, w)) in enumerate(zip(cells, HEADER))))
+    for source in dict.fromkeys(r["source"] for r in rows):
+        print(_median_line(source, [r for r in rows if r["source"] == source]))
+    print("page: the country's article is among the cited sources; same: streamed and one-shot answers are identical")
+
+
+def _median_line(source: str, rows: list[dict]) -> str:
+    stream = [r["ttft_stream_s"] for r in rows if r["ttft_stream_s"] is not None]
+    oneshot = [r["ttft_oneshot_s"] for r in rows if r["ttft_oneshot_s"] is not None]
+    if not stream or not oneshot:
+        return f"{source}: no TTFT measured"
+    s, o = statistics.median(stream), statistics.median(oneshot)
+    correct = sum(r["correct_stream"] for r in rows)
+    return (f"{source}: median TTFT {_ms(s)} streamed vs {_ms(o)} one-shot ({o / s:.1f}x); "
+            f"{correct}/{len(rows)} correct (streamed)")
+
+
+def failed_requests(rows: list[dict]) -> int:
+    return sum(not row[mode]["ok"] for row in rows for mode in ("stream", "oneshot"))
