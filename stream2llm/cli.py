@@ -12,7 +12,8 @@ import sys
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("engine.models", "convert/build the offline models into the cache folder"),
-    "demo": ("engine.demo", "stream Wikipedia summaries into SmolLM2 and compare TTFT"),
+    "demo": ("pipeline.demo", "the main job: grounded questions through the Ray Serve app, streamed vs one-shot"),
+    "engine-demo": ("engine.demo", "stream Wikipedia summaries straight into the engine and compare TTFT"),
 }
 
 
@@ -27,7 +28,7 @@ def _optional_subcommands() -> None:
         "calibrate": ("engine.calibrate", "measure recompute latency and write a cost model"),
         "serve": ("pipeline.cli_serve", "run the Ray Serve application"),
         "index": ("retrievers.cli_index", "build the FAISS index over the corpus"),
-        "bench": ("pipeline.cli_bench", "replay traces against the running app"),
+        "bench": ("bench.cli", "replay traces over HTTP against the Serve app: TTFT per policy and mode, plots"),
     }
     for name, (module, help_text) in extra.items():
         if importlib.util.find_spec(module.split(".")[0]) and _module_exists(module):
