@@ -26,8 +26,8 @@ The order, in bands (ascending = higher priority; the planner evicts from the ta
 
 Measured in the simulator at paper scale (bench/policies.py, docs/BENCHMARKS.md): splitting band
 0/1 and ordering band 4 by last chunk cut the crawler P99 TTFT from 9.6 s to 7.0 s (LCAS: 8.6 s);
-over seeds 0-2 it has the lowest crawler P99 of all policies and stays within 6% of our earlier
-order on the vector workload, where all of ours beat the paper's policies by ~25%.
+it beat LCAS on trace seeds 0-2, and on the vector workload it stays within 6% of our earlier order,
+~25% below the paper's policies.
 """
 
 from scheduler.policies.base import Policy
