@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import signal
 import threading
 import time
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index-grounded", type=int, default=None, metavar="N",
                         help="only the first N grounded countries in the index (and as questions)")
     parser.add_argument("--countries", nargs="+", default=None, help=f"default: {' '.join(DEFAULT_COUNTRIES[:4])}")
-    parser.add_argument("--questions", type=int, default=4, help="how many questions")
+    parser.add_argument("--questions", type=int, default=None, help="how many questions (default: 4, or all --countries)")
     parser.add_argument("--max-tokens", type=int, default=32, help="answer length limit")
     parser.add_argument("--crawler-pages", type=int, default=8, help="pages one crawl fetches at most")
     parser.add_argument("--site-latency-scale", type=float, default=1.0,
@@ -51,7 +52,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="write the table rows as JSON here")
 
 
-def pick_questions(countries: list[str] | None, count: int, grounded_limit: int | None) -> list[GroundedQuestion]:
+def check_options(args: argparse.Namespace) -> None:
+    """Fail before anything slow starts."""
+    lowest = {"questions": 1, "max_tokens": 1, "crawler_pages": 1, "index_subset": 0, "index_grounded": 1,
+              "site_latency_scale": 0}
+    for name, low in lowest.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            raise DemoError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+
+
+def pick_questions(countries: list[str] | None, count: int | None, grounded_limit: int | None) -> list[GroundedQuestion]:
     pool = {q.country.casefold(): q for q in load_grounded_questions()[:grounded_limit]}
     if countries:
         unknown = [c for c in countries if c.casefold() not in pool]
@@ -60,7 +71,7 @@ def pick_questions(countries: list[str] | None, count: int, grounded_limit: int 
         return [pool[c.casefold()] for c in countries][:count]
     # Well-known countries first when the index holds them; then the rest in corpus order.
     preferred = [pool[c.casefold()] for c in DEFAULT_COUNTRIES if c.casefold() in pool]
-    return (preferred + [q for q in pool.values() if q not in preferred])[:count]
+    return (preferred + [q for q in pool.values() if q not in preferred])[:count or 4]
 
 
 def build_index(subset: int, grounded_limit: int | None) -> Path:
@@ -110,40 +121,75 @@ def _watch_startup(base: str, bar: tqdm, done: threading.Event) -> None:
         bar.update(1)
 
 
+def _quiet_ray_logs() -> None:
+    """Ray and Serve log INFO lines to the console (set up when imported): they would break the bar."""
+    from ray import serve  # noqa: F401  (configures the "ray.serve" logger)
+
+    for name in ("ray", "ray.serve"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def _interrupt_sets(event: threading.Event):
+    """Ctrl-C or SIGTERM: stop the stage bar (if still starting) and say why the teardown takes a while."""
+    def handler(_signum, _frame):
+        event.set()
+        print("\ninterrupted: shutting down Ray and Serve ...", flush=True)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 @contextlib.contextmanager
 def started_app(config: AppConfig):
-    """local_app with a stage progress bar; the warm-up request is its last stage."""
+    """local_app with a stage progress bar; the warm-up requests are its last stage."""
+    _quiet_ray_logs()
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
     done = threading.Event()
     bar = tqdm(total=len(STARTUP_STAGES), desc="[2/2] starting app", unit="stage",
-               bar_format="{desc}: {n}/{total} stages |{bar}| {elapsed} {postfix}")
-    watcher = threading.Thread(target=_watch_startup, args=(base, bar, done), daemon=True)
+               bar_format="{desc}: {n}/{total} stages |{bar}| {elapsed}{postfix}")
+    watcher = threading.Thread(target=_watch_startup, args=(f"http://127.0.0.1:{port}", bar, done), daemon=True)
     watcher.start()
     try:
-        with local_app(config, port=port) as base:
-            done.set()
-            watcher.join()
-            bar.n = len(STARTUP_STAGES) - 1
-            bar.set_postfix_str("warm-up")
-            asyncio.run(warm_up(base))
-            bar.update(1)
-            bar.set_postfix_str("ready")
-            bar.close()
+        with _interrupt_sets(done), local_app(config, port=port) as base:
+            # ray.init put Ray's C++ crash handler on SIGTERM (it aborts, leaving workers): take it back.
+            signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))
+            _finish_startup(base, bar, done, watcher)
             yield base
     finally:
         done.set()
         bar.close()
 
 
+def _finish_startup(base: str, bar: tqdm, done: threading.Event, watcher: threading.Thread) -> None:
+    done.set()
+    watcher.join()
+    bar.n = len(STARTUP_STAGES) - 1
+    bar.set_postfix_str("warm-up")
+    asyncio.run(warm_up(base))
+    bar.update(1)
+    bar.set_postfix_str("ready")
+    bar.close()
+
+
+WARM_UP = (("stream", {"type": "documents", "documents": ["Warm-up."]}),
+           ("oneshot", {"type": "documents", "documents": ["Warm-up."]}),
+           ("stream", {"type": "crawl", "seed_urls": ["/wiki/Earth"]}),  # starts the site and crawler actors
+           ("stream", {"type": "vector", "query": "warm-up"}))             # loads the index and embedder
+
+
 async def warm_up(base: str) -> None:
-    """One tiny request per mode, so the first measured TTFT pays no first-call costs."""
+    """First calls pay for actor start-up and model loading: keep that out of the measured requests."""
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as http:
-        for mode in MODES:
-            result = await ask(http, base, "Warm-up.", {"type": "documents", "documents": ["Warm-up."]},
-                               prompt_mode=mode, max_tokens=2)
+        for mode, source in WARM_UP:
+            result = await ask(http, base, "Warm-up.", source, prompt_mode=mode, max_tokens=1)
             if not result.ok:
-                raise RuntimeError(f"warm-up request failed: {result.status} {result.error}")
+                raise RuntimeError(f"warm-up request ({source['type']}) failed: {result.status} {result.error}")
 
 
 def sources_for(question: GroundedQuestion) -> list[tuple[str, dict]]:
@@ -168,16 +214,20 @@ async def ask_all(base: str, questions: list[GroundedQuestion], max_tokens: int)
 
 def run_demo(args: argparse.Namespace) -> list[dict]:
     """The whole job; returns the table rows. Everything started here is stopped on every path."""
+    check_options(args)
     questions = pick_questions(args.countries, args.questions, args.index_grounded)
     index_path = build_index(args.index_subset, args.index_grounded)
     config = app_config(args, index_path)
+    started = time.perf_counter()
     try:
         with started_app(config) as base:
-            started = time.perf_counter()
+            ready = time.perf_counter()
             rows = asyncio.run(ask_all(base, questions, args.max_tokens))
-            print(f"\n{len(rows) * len(MODES)} requests in {time.perf_counter() - started:.1f} s", flush=True)
+            answered = time.perf_counter()
     finally:
         _shutdown_ray()
+    print(f"\n{len(rows) * len(MODES)} requests in {answered - ready:.1f} s (app start {ready - started:.1f} s, "
+          f"shutdown {time.perf_counter() - answered:.1f} s)", flush=True)
     return rows
 
 
@@ -189,22 +239,15 @@ def _shutdown_ray() -> None:
         ray.shutdown()
 
 
-def _sigterm_as_interrupt(_signum, _frame) -> None:
-    raise KeyboardInterrupt  # same clean teardown path as Ctrl-C
-
-
 def run(args: argparse.Namespace) -> int:
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         rows = run_demo(args)
     except DemoError as e:
         print(f"error: {e}")
         return 2
     except KeyboardInterrupt:
-        print("\ninterrupted: Ray and Serve shut down", flush=True)
+        print("interrupted: Ray and Serve are shut down", flush=True)
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     demo_report.print_table(rows)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@ written as JSON with `--out`)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 
 from pipeline.rag_client import RagResult
@@ -34,6 +35,9 @@ def make_row(question: GroundedQuestion, source_name: str, source: dict, results
         "ttft_stream_s": s.ttft_s, "ttft_oneshot_s": o.ttft_s,
         "engine_ttft_stream_s": s.engine_ttft_s, "engine_ttft_oneshot_s": o.engine_ttft_s,
         "speedup": speedup, "same_answer": s.ok and o.ok and s.answer == o.answer,
+        # the crawler appends pages as they arrive, so the two runs may see them in another order
+        "same_sources": [c.get("source_id") for c in s.citations] == [c.get("source_id") for c in o.citations],
+        "source_errors": {"stream": s.source_errors, "oneshot": o.source_errors},  # pages that failed
         "citations": [{k: c.get(k) for k in ("source_id", "title", "url_or_doc_id")} for c in s.citations],
         "stream": s.summary(), "oneshot": o.summary(),
     }
@@ -50,7 +54,7 @@ def _short(text: str, limit: int = ANSWER_CHARS) -> str:
 
 def print_answer(number: int, row: dict) -> None:
     s, o = row["stream"], row["oneshot"]
-    print(f"\nQ{number} {row['question']}  [{row['source']}: {row['request_source']}]", flush=True)
+    print(f"\nQ{number} {row['question']}  [{row['source']}: {json.dumps(row['request_source'])}]", flush=True)
     for mode, result in (("stream", s), ("one-shot", o)):
         status = "" if result["ok"] else f"  FAILED ({result['status']}: {result['error']})"
         print(f"  {mode:<9}{_short(result['answer'])!r}{status}")
@@ -59,6 +63,8 @@ def print_answer(number: int, row: dict) -> None:
     cites = [f"{c['source_id']}: {c['title']}" for c in row["citations"]]
     more = f" (+{len(cites) - CITATIONS_SHOWN} more)" if len(cites) > CITATIONS_SHOWN else ""
     print(f"  cited    {'; '.join(cites[:CITATIONS_SHOWN])}{more}")
+    if any(row["source_errors"].values()):
+        print(f"  note     source errors (pages not fetched): {row['source_errors']}")
     if not row["country_page_cited"]:
         print(f"  note     the {row['country']} article is not among the sources")
 
@@ -72,7 +78,8 @@ def _cells(row: dict) -> tuple:
     speedup = "-" if row["speedup"] is None else f"{row['speedup']:.1f}x"
     return (row["country"], row["source"], f"{yes[row['correct_stream']]}/{yes[row['correct_oneshot']]}",
             yes[row["country_page_cited"]], row["context_tokens"] if row["context_tokens"] is not None else "-",
-            _ms(row["ttft_stream_s"]), _ms(row["ttft_oneshot_s"]), speedup, yes[row["same_answer"]])
+            _ms(row["ttft_stream_s"]), _ms(row["ttft_oneshot_s"]), speedup,
+            yes[row["same_answer"]] + ("" if row["same_sources"] else "*"))
 
 
 def print_table(rows: list[dict]) -> None:
@@ -83,7 +90,9 @@ def print_table(rows: list[dict]) -> None:
         print("".join(f"{c!s:>{w}}" if i > 1 else f"{c!s:<{w}}" for i, (c, (_, w)) in enumerate(zip(cells, HEADER))))
     for source in dict.fromkeys(r["source"] for r in rows):
         print(_median_line(source, [r for r in rows if r["source"] == source]))
-    print("page: the country's article is among the cited sources; same: streamed and one-shot answers are identical")
+    print("page: the country's article is among the cited sources; same: streamed and one-shot answers are identical"
+          + ("\n*: the pages arrived in another order in the two runs, so the prompts differ"
+             if not all(r["same_sources"] for r in rows) else ""))
 
 
 def _median_line(source: str, rows: list[dict]) -> str:

@@ -8,6 +8,7 @@ answer (error, client disconnect = cancellation) aborts the session so its KV is
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 
 from pipeline.errors import LimitExceeded, unwrap
@@ -22,15 +23,10 @@ async def answer_events(ing, session: SessionLog, question: str, sampling: dict,
     try:
         async with session.lock:
             session.touch()
-            final_stats = None
-            async for item in ing.client.finish(session, question, sampling):
-                if "stats" in item:
-                    final_stats = item["stats"]
-                    break
-                yield "token", {"text": item["text"], "token_ids": item["token_ids"],
-                                "finish_reason": item["finish_reason"]}
+            stats: dict = {}
+            async for event in token_events(ing.client.finish(session, question, sampling), stats):
+                yield event
             finished = True
-        stats = final_stats or {}
         ing.metrics.observe_final(endpoint, stats)
         if session.recovered:
             ing.metrics.recovered.inc()
@@ -41,7 +37,28 @@ async def answer_events(ing, session: SessionLog, question: str, sampling: dict,
             await ing.client.release(session, session.context_tokens)
         else:
             ing.metrics.aborted.labels("cut_short").inc()
-            await asyncio.shield(_abort(ing, session))
+            await cleanup(_abort(ing, session))
+
+
+async def token_events(items, stats: dict):
+    """Relay a replica's answer items as ("token", delta) events; its closing stats land in `stats`."""
+    async for item in items:
+        if "stats" in item:
+            stats.update(item["stats"])
+            return
+        yield "token", {"text": item["text"], "token_ids": item["token_ids"],
+                        "finish_reason": item["finish_reason"]}
+
+
+def cleanup(coro):
+    """Run a clean-up call so that a client disconnect cannot cancel it.
+
+    `asyncio.shield` is not enough: Serve cancels every handle call made under a cancelled
+    request's context, clean-up calls included. A task started in a fresh context is not the
+    request's child; awaiting it shielded keeps the order (clean up, then finish) on normal exits.
+    """
+    task = asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
+    return asyncio.shield(task)
 
 
 async def _abort(ing, session: SessionLog) -> None:
@@ -93,7 +110,7 @@ async def rag_events(ing, request):
     finally:
         if not handed_over:
             ing.sessions.pop(session.session_id)
-            await asyncio.shield(_abort(ing, session))
+            await cleanup(_abort(ing, session))
 
 
 async def context_event(ing, session: SessionLog, event, add):

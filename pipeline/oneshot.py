@@ -10,11 +10,10 @@ the same question included): its TTFT is the full prefill, as for a fresh questi
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from pipeline.errors import LimitExceeded
-from pipeline.flows import context_event, final_event
+from pipeline.flows import cleanup, context_event, final_event, token_events
 from pipeline.sessions import SessionLog
 from pipeline.sources import Done, open_source
 
@@ -60,12 +59,9 @@ async def oneshot_rag_events(ing, request, source_type: str):
         retrieval_s = time.monotonic() - started
         footer = await ing.client.tokenize(session, ing.template.footer(request.question))
         stats: dict = {}
-        async for item in ing.client.generate(session, prompt.token_ids(footer), request.sampling.model_dump()):
-            if "stats" in item:
-                stats = item["stats"]
-                break
-            yield "token", {"text": item["text"], "token_ids": item["token_ids"],
-                            "finish_reason": item["finish_reason"]}
+        answer = ing.client.generate(session, prompt.token_ids(footer), request.sampling.model_dump())
+        async for event in token_events(answer, stats):
+            yield event
         finished = True
         ing.metrics.observe_final("rag_oneshot", stats)
         yield "final", {**final_event(session, {**stats, "tokens_prefilled_before_finish": 0}),
@@ -74,4 +70,4 @@ async def oneshot_rag_events(ing, request, source_type: str):
         if not finished:
             ing.metrics.aborted.labels("cut_short").inc()
         # Cancelling the generate stream aborts its engine request; only the admission is left.
-        await asyncio.shield(ing.client.release(session, session.context_tokens if finished else None))
+        await cleanup(ing.client.release(session, session.context_tokens if finished else None))

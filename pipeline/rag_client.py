@@ -80,10 +80,10 @@ async def ask(http: httpx.AsyncClient, base_url: str, question: str, source: dic
             result.status = response.status_code
             if response.status_code != 200:
                 await response.aread()
-                result.error = _reason(response)
+                result.error = error_reason(response)
                 return result
-            async for name, data in _sse_events(response):
-                _on_event(result, name, data)
+            async for name, data in sse_events(response):
+                apply_event(result, name, data)
     except httpx.HTTPError as e:
         result.error = f"{type(e).__name__}: {e}"
     finally:
@@ -93,7 +93,7 @@ async def ask(http: httpx.AsyncClient, base_url: str, question: str, source: dic
     return result
 
 
-def _on_event(result: RagResult, name: str, data: dict) -> None:
+def apply_event(result: RagResult, name: str, data: dict) -> None:
     now = time.monotonic()
     if name == "context":
         result.contexts += 1
@@ -113,7 +113,7 @@ def _on_event(result: RagResult, name: str, data: dict) -> None:
         result.error = f"{data.get('error')}: {data.get('reason')}"
 
 
-async def _sse_events(response: httpx.Response):
+async def sse_events(response: httpx.Response):
     name, data = None, None
     async for line in response.aiter_lines():
         if line.startswith("event: "):
@@ -127,7 +127,7 @@ async def _sse_events(response: httpx.Response):
         yield name, data
 
 
-def _reason(response: httpx.Response) -> str:
+def error_reason(response: httpx.Response) -> str:
     try:
         body = response.json()
         return f"{body.get('error')}: {body.get('reason')}"

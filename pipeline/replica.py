@@ -212,6 +212,7 @@ class EngineReplica:
             if sid not in self._busy and now - touched > ttl:
                 log.info("aborting session %s: idle for %.1f s (TTL %.1f s)", sid, now - touched, ttl)
                 await self.abort(sid)
+                await self._scheduler.release.remote(sid)  # else the central actor keeps counting it
 
     async def check_health(self) -> None:
         """Serve replaces the replica when its engine died (e.g. EngineDeadError)."""

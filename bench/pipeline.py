@@ -1,0 +1,93 @@
+"""Pipeline TTFT over HTTP, end to end: streaming vs one-shot through the Ray Serve app.
+
+    python -m bench.pipeline [--quick]  ->  bench/results/pipeline.json, bench/results/pipeline_*.png
+
+SmolLM2 on one CPU replica, crawler-shaped synthetic traces scaled to a CPU (about 6.5 chunks of
+300-500 tokens, ~0.7 s apart; `bench.http_replay.CPU_SHAPES`), 12 sessions per mode at a QPS low
+enough that the CPU keeps up, one policy. Takes the same options as `stream2llm bench`, with these
+defaults. TTFT is the client's: from the `retrieval_done` event to the first answer token over HTTP.
+`pipeline_overhead_p50_s` is the median over all answered requests of that client TTFT minus the
+engine's own TTFT for the same request (ingress, Serve handle routing and SSE on the way back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from bench.cli import add_arguments, print_cells, run_with_traces, spec_from_args
+from bench.http_replay import BenchError, aggregate
+from bench.plots import plot_all
+
+RESULTS = Path(__file__).parent / "results"
+# 512-token engine steps: a finished session's question and decode wait behind one short step of
+# other sessions' chunk prefill, not a 2048-token one (~1.5 s on one CPU thread).
+DEFAULTS = dict(requests=12, qps="0.05", policies="fcfs", modes="stream,oneshot", model="smollm2",
+                max_tokens=16, step_tokens=512)
+QUICK_REQUESTS = 5
+REQUEST_KEYS = ("mode", "trace", "status", "ok", "error", "answer", "ttft_s", "engine_ttft_s", "latency_s",
+                "retrieval_s", "context_tokens", "tokens_prefilled_before_finish", "arrival_s", "sent_s")
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _cell_view(cell: dict) -> dict:
+    return {k: v for k, v in cell.items() if k != "series"}
+
+
+def summarize(result: dict) -> dict:
+    """The headline figures of a stream-vs-oneshot result at one QPS and policy."""
+    cells = {c["mode"]: c for c in result["cells"]}
+    if set(cells) != {"stream", "oneshot"} or len(result["cells"]) != 2:
+        raise BenchError("the pipeline comparison needs exactly one stream and one oneshot cell")
+    stream, oneshot = cells["stream"], cells["oneshot"]
+    return {
+        "stream": _cell_view(stream), "nonstream": _cell_view(oneshot),
+        "speedup_p50": _ratio(oneshot["ttft_p50_s"], stream["ttft_p50_s"]),
+        "speedup_p95": _ratio(oneshot["ttft_p95_s"], stream["ttft_p95_s"]),
+        "makespan_ratio": _ratio(stream["makespan_s"], oneshot["makespan_s"]),
+        "sessions": stream["sessions"],  # per mode
+        "failed": stream["failed"] + oneshot["failed"],
+        "rejected": stream["rejected"] + oneshot["rejected"],
+        "pipeline_overhead_p50_s": aggregate(result["requests"])["pipeline_overhead_p50_s"],
+        "wall_s": result["wall_s"], "command": result["command"], "config": result["config"],
+        "requests": [{k: r.get(k) for k in REQUEST_KEYS} for r in result["requests"]],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_REQUESTS} requests per mode")
+    parser.add_argument("--output", type=Path, default=RESULTS / "pipeline.json")
+    parser.set_defaults(**DEFAULTS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests = QUICK_REQUESTS
+    try:
+        spec = spec_from_args(args)
+        spec.validate()
+    except ValueError as e:
+        print(f"bench.pipeline: {e}", file=sys.stderr)
+        return 2
+    load_before = os.getloadavg()[0]  # the machine is shared: a busy CPU shows in every figure
+    result = {"command": " ".join(["python -m bench.pipeline", *(sys.argv[1:] if argv is None else argv)]),
+              **run_with_traces(spec)}
+    print_cells(result["cells"])
+    summary = {**summarize(result), "load_avg_1m": {"start": load_before, "end": os.getloadavg()[0]}}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(summary, indent=1, default=str), encoding="utf-8")
+    figures = plot_all(result, args.out or args.output.parent, prefix="pipeline_")
+    for key in ("speedup_p50", "makespan_ratio", "pipeline_overhead_p50_s", "failed", "wall_s"):
+        print(f"{key}: {summary[key]}")
+    print(f"wrote {args.output}, " + ", ".join(str(p) for p in figures))
+    return 0 if summary["failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,224 @@
+"""The parts of `bench.reliability` that act on one session or on the cluster, and the summary.
+
+- `send_session`: one open-loop /v1/rag session (`pipeline.rag_client.ask`), or a client that
+  leaves on purpose at its first `context` event (mid-retrieval) or first `token` (mid-answer);
+- `collect_memory`: RSS of this Ray cluster's processes and Serve's running replica count over time;
+- `kill_busiest_replica`: the replica-kill drill; `drain`: the leak check after the load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+
+import httpx
+
+from bench.http_replay import percentile
+from pipeline.rag_client import RagResult, apply_event, ask, error_reason, sse_events
+
+MEMORY_INTERVAL_S = 1.0
+APP, DEPLOYMENT = "stream2llm", "EngineReplica"
+
+
+# ---- one session ------------------------------------------------------------------------------
+async def ask_and_leave(http: httpx.AsyncClient, base: str, question: str, source: dict, leave_on: str,
+                        max_tokens: int) -> tuple[RagResult, bool]:
+    """Like `ask`, but the client closes the connection at the first `leave_on` event.
+    Returns the result and whether it left (False: the answer or an error came first)."""
+    body = {"question": question, "source": source, "sampling": {"max_tokens": max_tokens, "temperature": 0.0}}
+    result = RagResult(question, "stream", sent_at=time.monotonic())
+    try:
+        async with http.stream("POST", f"{base}/v1/rag", json=body) as response:
+            result.status = response.status_code
+            if response.status_code != 200:
+                await response.aread()
+                result.error = error_reason(response)
+                return result, False
+            async for name, data in sse_events(response):
+                apply_event(result, name, data)
+                if name == leave_on:
+                    return result, True  # leaving the block closes the connection
+    except httpx.HTTPError as e:
+        result.error = f"{type(e).__name__}: {e}"
+    finally:
+        result.done_at = time.monotonic()
+    return result, False
+
+
+def outcome(result: RagResult, left: bool) -> str:
+    if left:
+        return "disconnected"
+    if result.ok:
+        return "answered"
+    return "rejected" if result.status == 429 else "failed"
+
+
+def is_lost(result: RagResult) -> bool:
+    """No final event and no error response: the stream was cut, or nothing came in time."""
+    if result.final or result.status not in (0, 200):
+        return False
+    kind = (result.error or "").split(":", 1)[0]
+    transport = getattr(httpx, kind, None)
+    cut = (result.error or "").startswith("the stream ended without")
+    return cut or (isinstance(transport, type) and issubclass(transport, httpx.HTTPError))
+
+
+async def _one(http: httpx.AsyncClient, base: str, plan) -> tuple[RagResult, bool]:
+    if plan.leave_on is None:
+        return await ask(http, base, plan.question, plan.source, max_tokens=plan.max_tokens), False
+    return await ask_and_leave(http, base, plan.question, plan.source, plan.leave_on, plan.max_tokens)
+
+
+async def send_session(http: httpx.AsyncClient, base: str, plan, t0: float, timeout_s: float) -> dict:
+    """One planned session at its arrival time; given up (and counted lost) after `timeout_s`."""
+    await asyncio.sleep(max(0.0, t0 + plan.at_s - time.monotonic()))
+    sent = time.monotonic()
+    try:
+        result, left = await asyncio.wait_for(_one(http, base, plan), timeout_s)
+        timed_out = False
+    except asyncio.TimeoutError:
+        result, left, timed_out = RagResult(plan.question, "stream", sent_at=sent, done_at=time.monotonic()), False, True
+        result.error = f"no final event within {timeout_s:.0f} s"
+    return {"index": plan.index, "kind": plan.kind, "leave_on": plan.leave_on, "at_s": round(plan.at_s, 3),
+            "sent_s": round(result.sent_at - t0, 3), "latency_s": result.latency_s, "ttft_s": result.ttft_s,
+            "status": result.status, "outcome": outcome(result, left), "lost": timed_out or is_lost(result),
+            "error": result.error, "retrieval_done": result.retrieval_done_at is not None,
+            "answered_tokens": bool(result.first_token_at), "recovered": bool(result.final.get("recovered")),
+            "replica_id": result.final.get("replica_id"), "contexts": result.contexts, "skipped": result.skipped}
+
+
+# ---- cluster-side sampling and drills --------------------------------------------------------------
+def cluster_rss_mb() -> dict:
+    """RSS of the driver's descendants (this Ray cluster only: raylet, GCS, workers)."""
+    import psutil
+
+    total = workers = 0
+    count = 0
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            rss = proc.memory_info().rss
+            total += rss
+            if " ".join(proc.cmdline()[:1]).startswith("ray::"):
+                workers += rss
+                count += 1
+    return {"ray_rss_mb": round(total / 2**20, 1), "worker_rss_mb": round(workers / 2**20, 1), "workers": count}
+
+
+def running_replicas() -> int | None:
+    from ray import serve
+
+    with contextlib.suppress(Exception):
+        app = serve.status().applications.get(APP)
+        return int(app.deployments[DEPLOYMENT].replica_states.get("RUNNING", 0)) if app else 0
+    return None
+
+
+def _memory_sample() -> dict:
+    return {**cluster_rss_mb(), "running_replicas": running_replicas()}
+
+
+async def collect_memory(stop: asyncio.Event, t0: float, interval_s: float = MEMORY_INTERVAL_S) -> list[dict]:
+    samples = []
+    while not stop.is_set():
+        sample = await asyncio.to_thread(_memory_sample)
+        samples.append({"t_s": round(time.monotonic() - t0, 2), **sample})
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
+    return samples
+
+
+def _kill(replica_id: str) -> None:
+    import ray
+
+    actor = ray.get_actor(f"SERVE_REPLICA::{APP}#{DEPLOYMENT}#{replica_id}", namespace="serve")
+    ray.kill(actor, no_restart=True)
+
+
+async def kill_busiest_replica(http: httpx.AsyncClient, base: str, t0: float, deadline_s: float) -> dict:
+    """Once two replicas report (or from `deadline_s` on, with one), kill the one holding the most
+    sessions. Runs until it has killed; the caller cancels it when the load ends first."""
+    while True:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            replicas = (await http.get(f"{base}/v1/cluster")).json()["replicas"]
+            elapsed = time.monotonic() - t0
+            busiest = max(replicas.items(), key=lambda kv: len(kv[1]["sessions"]), default=None)
+            if busiest and busiest[1]["sessions"] and (len(replicas) >= 2 or elapsed >= deadline_s):
+                await asyncio.to_thread(_kill, busiest[0])
+                return {"killed": True, "replica_id": busiest[0], "at_s": round(elapsed, 2),
+                        "replicas_reporting": len(replicas), "sessions_on_victim": len(busiest[1]["sessions"])}
+        await asyncio.sleep(0.25)
+
+
+async def drain(http: httpx.AsyncClient, base: str, idle_kv_blocks: int, timeout_s: float) -> dict:
+    """After the load: until no replica, the central scheduler nor the ingress holds a session and
+    KV use is back to its idle level; how long that took (or the state at the timeout)."""
+    start = time.monotonic()
+    state: dict = {}
+    while time.monotonic() - start < timeout_s:
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+            view = (await http.get(f"{base}/v1/cluster")).json()
+            health = (await http.get(f"{base}/healthz")).json()
+            state = {"replica_sessions": sum(len(r["sessions"]) for r in view["replicas"].values()),
+                     "scheduler_sessions": view["pressure"]["sessions"], "queued": view["pressure"]["queued"],
+                     "ingress_sessions": health["sessions"], "kv_blocks_used": view["pressure"]["kv_blocks_used"],
+                     "idle_kv_blocks": idle_kv_blocks,
+                     "open_session_ids": sorted(s for r in view["replicas"].values() for s in r["sessions"])}
+            if not (state["replica_sessions"] or state["scheduler_sessions"] or state["ingress_sessions"]
+                    or state["queued"]) and state["kv_blocks_used"] <= idle_kv_blocks:
+                return {**state, "drained": True, "drained_in_s": round(time.monotonic() - start, 2)}
+        await asyncio.sleep(0.25)
+    return {**state, "drained": False, "drained_in_s": None}
+
+
+# ---- summary ----------------------------------------------------------------------------------------
+def _stats(values) -> dict:
+    values = [v for v in values if v is not None]
+    return {"p50": percentile(values, 50), "p95": percentile(values, 95), "max": max(values, default=None)}
+
+
+def _changes(samples: list[dict], key: str) -> list[tuple[float, int]]:
+    """(t_s, value) whenever `key` changes: a compact timeline."""
+    out: list[tuple[float, int]] = []
+    for s in samples:
+        if s.get(key) is not None and (not out or out[-1][1] != s[key]):
+            out.append((s["t_s"], s[key]))
+    return out
+
+
+def summarize(raw: dict, plans) -> dict:
+    records, memory, series = raw["records"], raw["memory"], raw["series"]
+    by = Counter(r["outcome"] for r in records)
+    counts = {"offered": len(records), **{k: by.get(k, 0) for k in ("answered", "rejected", "failed", "disconnected")},
+              "lost": sum(r["lost"] for r in records),
+              "disconnected_mid_retrieval": sum(r["outcome"] == "disconnected" and r["leave_on"] == "context"
+                                                for r in records),
+              "disconnected_mid_answer": sum(r["outcome"] == "disconnected" and r["leave_on"] == "token"
+                                             for r in records),
+              "by_source": {k: dict(Counter(r["outcome"] for r in records if r["kind"] == k))
+                            for k in sorted({p.kind for p in plans})}}
+    mem = [m["ray_rss_mb"] for m in memory]
+    workers = [m["worker_rss_mb"] for m in memory]
+    answered = [r for r in records if r["outcome"] == "answered"]
+    return {
+        "counts": counts,
+        "recovered": sum(r["recovered"] for r in answered),
+        "kill": raw["kill"],
+        "leaks": raw["drain"],
+        "memory_mb": {"ray_start": mem[0] if mem else None, "ray_peak": max(mem, default=None),
+                      "ray_final": mem[-1] if mem else None, "workers_start": workers[0] if workers else None,
+                      "workers_peak": max(workers, default=None), "workers_final": workers[-1] if workers else None},
+        "replicas": {"running_max": max((m["running_replicas"] or 0 for m in memory), default=None),
+                     "running_final": memory[-1]["running_replicas"] if memory else None,
+                     "running_timeline": _changes(memory, "running_replicas"),
+                     "reporting_timeline": _changes(series, "replicas")},
+        "kv": {"blocks_total_max": max((s["kv_blocks_total"] for s in series), default=None),
+               "blocks_used_peak": max((s["kv_blocks_used"] for s in series), default=None),
+               "sessions_peak": max((s["sessions"] for s in series), default=None),
+               "queued_peak": max((s["queued"] for s in series), default=None), "idle": raw["idle"]},
+        "latency_s": _stats(r["latency_s"] for r in answered), "ttft_s": _stats(r["ttft_s"] for r in answered),
+        "load_s": raw["load_s"],
+        "failures": [r for r in records if r["outcome"] == "failed"],
+        "records": records, "cluster_series": series, "memory_series": memory,
+    }

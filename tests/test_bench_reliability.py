@@ -1,0 +1,64 @@
+"""`bench.reliability` on a small load: real Ray + Serve on loopback, tiny model.
+
+Eight sessions of mixed sources (inline documents, corpus ids, crawler and vector trace replays),
+one client leaving mid-retrieval and one mid-answer, one engine replica killed under the load.
+Asserted: every offered session is accounted for, none is lost, none failed, both disconnects
+happened and the cluster drains (no session left anywhere, KV back to idle). Two fixed replicas.
+The replica-kill drill is not run here: in a load this small it lands within the first seconds, and
+while Serve replaces the replica, routing can stall long enough for the recovered session to fail
+(a known, open problem, see docs/BENCHMARKS.md); `python -m bench.reliability` runs it, and
+tests/test_pipeline_http.py checks recovery after a kill on its own.
+"""
+
+import pytest
+
+from bench.reliability import LoadSpec, plan_sessions, run
+from bench.reliability_drills import is_lost, outcome
+from pipeline.rag_client import RagResult
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_outcomes_and_lost_are_classified_from_the_result():
+    answered = RagResult("q", "stream", status=200, final={"citations": []})
+    assert outcome(answered, False) == "answered" and not is_lost(answered)
+    assert outcome(RagResult("q", "stream", status=429, error="AdmissionRejected: full"), False) == "rejected"
+    error_event = RagResult("q", "stream", status=200, error="EngineError: boom")
+    assert outcome(error_event, False) == "failed" and not is_lost(error_event)
+    cut = RagResult("q", "stream", status=200, error="the stream ended without a final event")
+    timeout = RagResult("q", "stream", status=0, error="ReadTimeout: timed out")
+    assert is_lost(cut) and is_lost(timeout)
+    assert outcome(cut, True) == "disconnected"
+
+
+def test_plan_mixes_sources_and_disconnect_roles(tmp_path):
+    plans = plan_sessions(LoadSpec(sessions=8, duration_s=8.0), tmp_path)
+    assert {p.kind for p in plans} == {"documents", "corpus", "crawler", "vector"}
+    assert [p.at_s for p in plans] == sorted(p.at_s for p in plans)
+    leavers = {p.leave_on for p in plans if p.leave_on}
+    assert leavers == {"context", "token"}
+    assert all(p.source["type"] == "trace" for p in plans if p.leave_on == "context")
+    assert all((tmp_path / p.source["trace"]).is_file() for p in plans if p.source["type"] == "trace")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    spec = LoadSpec(sessions=8, duration_s=8.0, min_replicas=2, max_replicas=2, drain_timeout_s=20.0, kill=False)
+    return run(spec, tmp_path_factory.mktemp("traces"))
+
+
+def test_every_session_is_accounted_for_and_none_lost(report):
+    c = report["counts"]
+    assert c["offered"] == 8
+    assert c["offered"] == c["answered"] + c["rejected"] + c["failed"] + c["disconnected"]
+    assert c["lost"] == 0, report["failures"]
+    assert c["failed"] == 0, report["failures"]
+    assert c["disconnected_mid_retrieval"] == 1 and c["disconnected_mid_answer"] == 1
+    assert c["answered"] >= 4
+
+
+def test_cluster_drains_after_the_load(report):
+    leaks = report["leaks"]
+    assert leaks["drained"] is True, leaks
+    assert leaks["replica_sessions"] == leaks["ingress_sessions"] == leaks["scheduler_sessions"] == 0
+    assert report["memory_mb"]["ray_peak"] > 0 and report["replicas"]["running_max"] >= 2
