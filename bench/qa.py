@@ -19,7 +19,6 @@ import asyncio
 import json
 import statistics
 import time
-import unicodedata
 from pathlib import Path
 
 import httpx
@@ -33,17 +32,6 @@ from retrievers.corpus import GroundedQuestion, load_grounded_questions
 RESULTS = Path(__file__).parent / "results" / "qa.json"
 MODES = ("stream", "oneshot")
 
-
-def fold(text: str) -> str:
-    """Case- and accent-insensitive form: 'Brasília' and 'brasilia' match, 'Chișinău' and 'Chisinau'."""
-    decomposed = unicodedata.normalize("NFKD", text.casefold())
-    return "".join(c for c in decomposed if not unicodedata.combining(c))
-
-
-def is_correct(answer: str, capital: str, accent_sensitive: bool = False) -> bool:
-    if accent_sensitive:
-        return capital.casefold() in answer.casefold()
-    return fold(capital) in fold(answer)
 
 
 def app_config(model: str, dtype: str, index_path: Path, top_k: int) -> AppConfig:
@@ -110,7 +98,8 @@ def summarize(questions, results: dict[tuple[int, str], RagResult], footers: lis
         stream_prompt = s.final.get("context_tokens")
         row = {"country": q.country, "capital": q.capital, "question": q.question,
                "stream": s.answer, "oneshot": o.answer,
-               "stream_correct": is_correct(s.answer, q.capital), "oneshot_correct": is_correct(o.answer, q.capital),
+               "stream_correct": q.answered_by(s.answer), "oneshot_correct": q.answered_by(o.answer),
+               "strict_correct": [q.answered_by(r.answer, accent_sensitive=True) for r in (s, o)],
                "stream_context_tokens": s.final.get("context_tokens"),
                "oneshot_context_tokens": o.final.get("context_tokens"),
                "same_prompt_length": stream_prompt is not None
@@ -125,7 +114,7 @@ def summarize(questions, results: dict[tuple[int, str], RagResult], footers: lis
     ok = [r for r in rows if not r["errors"]]
     stream = [r["stream_correct"] for r in rows]
     oneshot = [r["oneshot_correct"] for r in rows]
-    strict = [is_correct(r[m], r["capital"], accent_sensitive=True) for r in rows for m in MODES]
+    strict = [ok for r in rows for ok in r.pop("strict_correct")]
     identical = sum(r["identical"] for r in rows)
     return {
         "questions": len(rows), "answered_both": len(ok),

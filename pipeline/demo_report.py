@@ -13,10 +13,6 @@ ANSWER_CHARS = 160
 CITATIONS_SHOWN = 9
 
 
-def is_correct(answer: str, capital: str) -> bool:
-    return capital.casefold() in answer.casefold()
-
-
 def cites_country(citations: list[dict], doc_id: str) -> bool:
     """The crawler cites page URLs (.../wiki/<doc_id>), the vector search doc ids: same last part."""
     return any(str(c.get("url_or_doc_id", "")).rsplit("/", 1)[-1] == doc_id for c in citations)
@@ -28,8 +24,8 @@ def make_row(question: GroundedQuestion, source_name: str, source: dict, results
     return {
         "country": question.country, "capital": question.capital, "question": question.question,
         "source": source_name, "request_source": source,
-        "correct_stream": is_correct(s.answer, question.capital),
-        "correct_oneshot": is_correct(o.answer, question.capital),
+        "correct_stream": question.answered_by(s.answer),
+        "correct_oneshot": question.answered_by(o.answer),
         "country_page_cited": cites_country(s.citations, question.doc_id),
         "context_tokens": s.final.get("context_tokens"),
         "ttft_stream_s": s.ttft_s, "ttft_oneshot_s": o.ttft_s,

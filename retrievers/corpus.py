@@ -9,6 +9,7 @@ A grounded question is one whose country has a summary that names its capital.
 import importlib.util
 import json
 import re
+import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -38,6 +39,18 @@ class GroundedQuestion:
     @property
     def question(self) -> str:
         return f"What is the capital of {self.country}?"
+
+    def answered_by(self, answer: str, accent_sensitive: bool = False) -> bool:
+        """The expected capital appears in the answer, ignoring case (and accents unless asked)."""
+        if accent_sensitive:
+            return self.capital.casefold() in answer.casefold()
+        return _fold(self.capital) in _fold(answer)
+
+
+def _fold(text: str) -> str:
+    """Case- and accent-insensitive form: 'Brasília' matches 'brasilia', 'Chișinău' 'Chisinau'."""
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
 
 
 def _package_dir(name: str) -> Path:
