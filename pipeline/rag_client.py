@@ -33,6 +33,7 @@ class RagResult:
     retrieval_done_at: float | None = None
     first_token_at: float | None = None
     done_at: float | None = None
+    token_times: list[float] = field(default_factory=list)  # arrival of each token event (serving metrics' ITL)
 
     @property
     def ok(self) -> bool:
@@ -106,6 +107,8 @@ def apply_event(result: RagResult, name: str, data: dict) -> None:
     elif name == "token":
         if result.first_token_at is None and data.get("token_ids"):
             result.first_token_at = now
+        if data.get("token_ids"):
+            result.token_times.append(now)
         result.answer += data.get("text", "")
     elif name == "final":
         result.final = data
