@@ -77,6 +77,14 @@ def record_from_summary(summary: dict, *, sent_key: str = "sent_s") -> RequestRe
                          ttft_start_s=_plus(sent, summary.get("retrieval_done_s")))
 
 
+def record_from_rag(result) -> RequestRecord:
+    """A record from a `pipeline.rag_client.RagResult` (read by attribute; nothing imported): TTFT
+    from `retrieval_done` (the paper's), output tokens from the final event."""
+    return RequestRecord(sent_s=result.sent_at, first_token_s=result.first_token_at, end_s=result.done_at,
+                         output_tokens=result.final.get("output_tokens"), token_times=tuple(result.token_times),
+                         ok=result.ok, ttft_start_s=result.retrieval_done_at)
+
+
 def _plus(base: float, offset: float | None) -> float | None:
     return None if offset is None else base + offset
 

@@ -87,3 +87,14 @@ def test_legacy_metadata_declares_what_is_missing():
     assert set(meta["missing"]) == {"commit", "date_utc", "machine", "seeds"}
     assert missing_metadata({"meta": meta}) == meta["missing"]
     assert missing_metadata({}) == list(REQUIRED)
+
+
+def test_record_from_a_rag_result():
+    from bench.serving_metrics import record_from_rag
+    from pipeline.rag_client import RagResult
+
+    r = RagResult("q?", "stream", status=200, final={"output_tokens": 3}, sent_at=1.0, retrieval_done_at=2.0,
+                  first_token_at=2.25, done_at=2.75, token_times=[2.25, 2.5, 2.75])
+    rec = record_from_rag(r)
+    assert rec.ok and rec.ttft_ms() == pytest.approx(250) and rec.e2el_ms() == pytest.approx(1750)
+    assert rec.itl_ms() == pytest.approx([250, 250]) and rec.tpot_ms() == pytest.approx(250)
