@@ -95,8 +95,9 @@ async def measure_cost_model(engine, config: EngineConfig, sizes, repeats: int, 
     vocab = len(engine.tokenizer)
     recompute = await measure_recompute(engine, sorted(sizes), repeats, rng, vocab)
     decode = await measure_decode(engine, batches, rng, vocab) if batches else []
+    block_size = (await engine.stats()).block_size  # the engine's, after platform defaults
     return build_cost_model(
-        recompute, decode_step=decode, block_size=config.block_size, model=config.model,
+        recompute, decode_step=decode, block_size=block_size, model=config.model,
         device=f"cpu ({platform.machine()}, {platform.node()})",
         notes=(f"stream2llm calibrate: recompute = time to first token of N fresh tokens "
                f"(median of {repeats} runs), max_num_batched_tokens={config.max_num_batched_tokens}; "

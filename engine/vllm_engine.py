@@ -9,7 +9,6 @@ partial block at the divergence point is recomputed, at most one block more than
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -24,39 +23,19 @@ from engine.session import (IncrementalDetokenizer, Session, SessionState, check
 _CLOSED_STATS_KEPT = 1024
 
 
-def _cpu_environment() -> None:
-    # Measured here: without one OpenMP thread per process, decode collapses on a 2-core machine.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # an empty value crashes vLLM
-
-
 async def create_engine(config: EngineConfig) -> "VLLMStreamingEngine":
     """Build an AsyncLLM for `config` and wrap it. Prepares offline models on first use."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from engine.models import resolve_model
+    from engine.engine_args import build_vllm_config
     from engine.vllm_stats import KvSnapshot, snapshot_logger_factory
 
     from scheduler.policies import make_policy
 
     make_policy(config.policy)  # fail fast, in this process, on an unknown policy name
-    _cpu_environment()
-    model_path = resolve_model(config.model)
-    args = AsyncEngineArgs(
-        model=model_path, tokenizer=model_path, max_model_len=config.max_model_len,
-        block_size=config.block_size, kv_cache_memory_bytes=config.kv_cache_memory_bytes,
-        enable_prefix_caching=config.enable_prefix_caching, max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens, enforce_eager=True,
-        distributed_executor_backend="uni",
-        dtype=config.dtype, seed=config.seed, disable_log_stats=False,
-        scheduler_cls="engine.vllm_scheduler.StreamingScheduler",
-        additional_config={"stream2llm_policy": config.policy}, **config.extra_engine_args,
-    )
+    vllm_config = build_vllm_config(config)
     snapshot = KvSnapshot()
-    llm = AsyncLLM.from_engine_args(args, stat_loggers=[snapshot_logger_factory(snapshot)])
+    llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=[snapshot_logger_factory(snapshot)])
     tokenizer = llm.get_tokenizer() if hasattr(llm, "get_tokenizer") else llm.tokenizer
     if hasattr(tokenizer, "__await__"):
         tokenizer = await tokenizer

@@ -29,7 +29,7 @@ def engine_deployment(config: AppConfig):
     r = config.replicas
     options = {
         "name": ENGINE_DEPLOYMENT,
-        "ray_actor_options": r.actor_options(),
+        **config.placement().deployment_options(),
         "max_ongoing_requests": r.max_ongoing_requests,
         "health_check_period_s": 5.0,
         "request_router_config": RequestRouterConfig(

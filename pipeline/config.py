@@ -1,7 +1,7 @@
 """One pydantic config for the whole application, with embedded defaults for a laptop.
 
 Defaults: local Ray, CPU replicas (1 CPU each), SmolLM2, the offline corpus and its local site.
-`AppConfig.engine_config()` converts the model section to the engine's plain `EngineConfig`.
+The `model` section is the engine's own `EngineConfig` (validated here, declared once there).
 """
 
 from __future__ import annotations
@@ -9,40 +9,21 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.config import EngineConfig
-
-
-CPU_ENGINE_ENV = {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                  "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+from pipeline.placement import ReplicaPlacement, replica_placement
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-_ENGINE = EngineConfig()  # defaults follow the engine's own
-
-
-class ModelSettings(_Section):
-    model: str = Field(_ENGINE.model, description='Model folder or offline name: "smollm2" or "tiny".')
-    served_name: str = Field("stream2llm", description="Model name shown by /v1/models.")
-    max_model_len: int = Field(_ENGINE.max_model_len, gt=0, description="Context length of the model (tokens).")
-    kv_cache_memory_bytes: int | None = Field(_ENGINE.kv_cache_memory_bytes, description="KV cache size per replica.")
-    block_size: int = Field(_ENGINE.block_size, gt=0, description="KV block size (tokens).")
-    max_num_seqs: int = Field(_ENGINE.max_num_seqs, gt=0, description="Sequences a replica runs at once.")
-    max_num_batched_tokens: int = Field(_ENGINE.max_num_batched_tokens, gt=0, description="Token budget of one step.")
-    enable_prefix_caching: bool = Field(_ENGINE.enable_prefix_caching, description="Reuse KV of shared prefixes.")
-    policy: str = Field(_ENGINE.policy, description="Scheduling policy (fcfs, lcas, mcps, ...).")
-    dtype: str = Field(_ENGINE.dtype, description="Model dtype.")
-    seed: int = Field(_ENGINE.seed, description="Engine seed.")
-    answer_budget_tokens: int = Field(_ENGINE.answer_budget_tokens, gt=0, description="Tokens kept free for the answer.")
-    extra_engine_args: dict = Field(default_factory=dict, description="Passed to vLLM as is.")
-
-
 class ReplicaSettings(_Section):
     min_replicas: int = Field(1, ge=0, description="Autoscaling lower bound.")
     max_replicas: int = Field(1, ge=1, description="Autoscaling upper bound.")
     initial_replicas: int | None = Field(None, description="Replicas at start (default min).")
-    use_gpu: bool = Field(False, description="Ask one GPU per replica (GPU cluster).")
+    use_gpu: bool = Field(False, description=(
+        "Run replicas on GPUs: tensor_parallel_size x pipeline_parallel_size GPUs each."))
+    placement_strategy: str = Field("STRICT_PACK", description=(
+        "Ray placement strategy of a multi-GPU replica's bundles (STRICT_PACK keeps it on one node)."))
     num_cpus: float = Field(1.0, ge=0, description="CPUs per replica (1 on a 2-core machine).")
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources.")
     max_ongoing_requests: int = Field(256, gt=0, description="Concurrent calls per replica.")
@@ -63,14 +44,6 @@ class ReplicaSettings(_Section):
             raise ValueError("initial_replicas must be within [min_replicas, max_replicas]")
         return self
 
-    def actor_options(self) -> dict:
-        options: dict = {"num_cpus": self.num_cpus, "num_gpus": 1 if self.use_gpu else 0}
-        if self.resources:
-            options["resources"] = dict(self.resources)
-        if not self.use_gpu:  # in-process vLLM, one OpenMP thread (DESIGN.md section 5)
-            options["runtime_env"] = {"env_vars": dict(CPU_ENGINE_ENV)}
-        return options
-
 
 class RetrieverSettings(_Section):
     crawler_site: str = Field("local", description='"local" serves the offline corpus site; else a base URL.')
@@ -83,6 +56,17 @@ class RetrieverSettings(_Section):
     trace_dir: str | None = Field(None, description="Folder of recorded traces (default: cache).")
     trace_multiplier: float = Field(1.0, gt=0, description="Trace replay delay multiplier.")
     num_cpus: float = Field(0.0, ge=0, description="CPUs of each retriever actor.")
+    vector_num_gpus: float = Field(0.0, ge=0, le=1, description=(
+        "GPU share of the vector actor: > 0 runs FAISS (faiss-gpu) and the query embedder on the GPU "
+        "Ray assigns it. A share of a replica's GPU needs that replica's gpu_memory_utilization lowered."))
+
+    def vector_actor_options(self) -> dict:
+        """Ray options of the vector actor: its GPU share is accounted for by Ray, not taken blindly."""
+        return {"num_cpus": self.num_cpus, "num_gpus": self.vector_num_gpus}
+
+    @property
+    def vector_on_gpu(self) -> bool:
+        return self.vector_num_gpus > 0
 
 
 class LimitSettings(_Section):
@@ -113,23 +97,28 @@ class AuthSettings(_Section):
 class AppConfig(_Section):
     name: str = Field("stream2llm", description="Serve application name.")
     route_prefix: str = Field("/", description="HTTP route prefix.")
-    model: ModelSettings = Field(default_factory=ModelSettings)
+    model: EngineConfig = Field(default_factory=EngineConfig, description=(
+        "The engine of every replica, handed to it unchanged (see engine.config.EngineConfig)."))
     replicas: ReplicaSettings = Field(default_factory=ReplicaSettings)
     retrievers: RetrieverSettings = Field(default_factory=RetrieverSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
 
+    @model_validator(mode="after")
+    def _placeable(self):
+        self.placement()  # contradictions between engine and replica settings fail at load time
+        return self
+
+    def placement(self) -> ReplicaPlacement:
+        """Actor options, placement bundles and the engine config of one engine replica."""
+        r = self.replicas
+        return replica_placement(self.model, use_gpu=r.use_gpu, num_cpus=r.num_cpus,
+                                 resources=r.resources, strategy=r.placement_strategy)
+
     def engine_config(self) -> EngineConfig:
-        m = self.model
-        return EngineConfig(
-            model=m.model, max_model_len=m.max_model_len,
-            kv_cache_memory_bytes=m.kv_cache_memory_bytes, block_size=m.block_size,
-            max_num_seqs=m.max_num_seqs, max_num_batched_tokens=m.max_num_batched_tokens,
-            enable_prefix_caching=m.enable_prefix_caching, policy=m.policy, seed=m.seed,
-            dtype=m.dtype, answer_budget_tokens=m.answer_budget_tokens,
-            extra_engine_args=dict(m.extra_engine_args),
-        )
+        """The engine config a replica builds (the executor set for its placement)."""
+        return self.placement().engine
 
 
 def load_config(path: str | None = None, overrides: dict | None = None) -> AppConfig:

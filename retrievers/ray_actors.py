@@ -47,12 +47,19 @@ class CrawlerActor:
 class VectorActor:
     """Loads the index at ``index_path`` (build it first with ``ensure_index``)."""
 
-    def __init__(self, index_path: str, k: int = 5, tokenizer=None):
+    def __init__(self, index_path: str, k: int = 5, tokenizer=None, use_gpu: bool = False):
         from .embedding import shared_embedder
         from .vector import VectorRetriever
         from .vector_index import load_index
 
-        self._retriever = VectorRetriever(load_index(Path(index_path)), shared_embedder(), k, _counter(tokenizer))
+        # With a GPU share Ray sets CUDA_VISIBLE_DEVICES to the GPU it assigned: "cuda" and FAISS
+        # device 0 are that GPU. Without one, both stay on the CPU even on a GPU node.
+        embedder = shared_embedder("cuda" if use_gpu else "cpu")
+        self._retriever = VectorRetriever(load_index(Path(index_path)), embedder, k, _counter(tokenizer),
+                                          use_gpu=use_gpu)
+
+    def on_gpu(self) -> bool:
+        return self._retriever.on_gpu
 
     @ray.method(num_returns="streaming")
     async def stream(self, query: str):

@@ -42,6 +42,10 @@ def stable_order(previous: list[int], top: dict[int, float]) -> list[int]:
     return kept + newcomers
 
 
+class GpuUnavailableError(RuntimeError):
+    """A GPU search was asked for where FAISS has no GPU."""
+
+
 def to_gpu_if_available(index: faiss.Index):
     """(gpu index, its resources) with faiss-gpu and a visible GPU, else (None, None).
 
@@ -53,7 +57,9 @@ def to_gpu_if_available(index: faiss.Index):
 
 
 class VectorRetriever:
-    """``VectorRetriever(index, embedder, k).stream(query)`` yields ReplaceContext events, then Done."""
+    """``VectorRetriever(index, embedder, k).stream(query)`` yields ReplaceContext events, then Done.
+
+    `use_gpu`: None searches on a GPU when FAISS sees one, False never, True requires one."""
 
     def __init__(self, index: VectorIndex, embedder, k: int = 5, count_tokens=None,
                  first_probe: int = 1, growth: int = 2, use_gpu: bool | None = None):
@@ -67,6 +73,9 @@ class VectorRetriever:
         self._token_cache: dict[int, int] = {}
         self._gpu_index, self._gpu_resources = (None, None) if use_gpu is False else to_gpu_if_available(index.index)
         self.on_gpu = self._gpu_index is not None
+        if use_gpu and not self.on_gpu:
+            raise GpuUnavailableError("use_gpu=True, but FAISS sees no GPU (install faiss-gpu and give "
+                                      "the process a GPU)")
 
     async def stream(self, query: str) -> ContextStream:
         if not query or not query.strip():

@@ -11,20 +11,60 @@ from pipeline.autoscale import KVPressurePolicy, autoscaling_config
 from pipeline.config import AppConfig, load_config
 
 
-def test_defaults_are_local_cpu_smollm2_and_convert_to_engine_config():
+def test_defaults_are_local_cpu_smollm2_and_the_engine_config_is_embedded():
     c = AppConfig()
     assert c.model.model == "smollm2" and c.retrievers.crawler_site == "local"
-    opts = c.replicas.actor_options()
-    assert opts["num_gpus"] == 0 and opts["num_cpus"] == 1.0
-    assert opts["runtime_env"]["env_vars"]["OMP_NUM_THREADS"] == "1"
-    e = c.engine_config()
-    assert isinstance(e, EngineConfig) and e.block_size == EngineConfig().block_size
+    opts = c.placement().deployment_options()
+    assert opts["ray_actor_options"]["num_gpus"] == 0 and opts["ray_actor_options"]["num_cpus"] == 1.0
+    assert opts["ray_actor_options"]["runtime_env"]["env_vars"]["OMP_NUM_THREADS"] == "1"
+    assert "placement_group_bundles" not in opts
+    assert c.engine_config() == EngineConfig()  # the same class and defaults, not a mirror
 
 
-def test_gpu_replicas_ask_one_gpu_and_no_cpu_env():
+def test_engine_section_round_trips_through_json_as_the_replica_receives_it():
+    c = AppConfig.model_validate({"model": {"model": "tiny", "tensor_parallel_size": 1, "block_size": 64}})
+    again = AppConfig.model_validate(c.model_dump(mode="json"))
+    assert again.engine_config() == c.engine_config() and again.model.block_size == 64
+
+
+def test_one_gpu_replica_asks_one_gpu_and_no_cpu_env():
     c = AppConfig.model_validate({"replicas": {"use_gpu": True, "resources": {"engine_node": 1}}})
-    opts = c.replicas.actor_options()
+    opts = c.placement().deployment_options()["ray_actor_options"]
     assert opts["num_gpus"] == 1 and opts["resources"] == {"engine_node": 1} and "runtime_env" not in opts
+
+
+def test_tensor_parallel_replica_gets_one_bundle_per_gpu_and_the_ray_executor():
+    c = AppConfig.model_validate({"replicas": {"use_gpu": True, "num_cpus": 2, "resources": {"gpu_node": 1}},
+                                  "model": {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}})
+    opts = c.placement().deployment_options()
+    assert opts["placement_group_bundles"] == [{"CPU": 2, "GPU": 1, "gpu_node": 1}, {"GPU": 1}, {"GPU": 1},
+                                               {"GPU": 1}]
+    assert opts["placement_group_strategy"] == "STRICT_PACK"
+    # the replica actor sits in bundle 0 and holds no GPU itself: vLLM's workers take them
+    assert opts["ray_actor_options"] == {"num_cpus": 2, "num_gpus": 0, "resources": {"gpu_node": 1}}
+    assert c.engine_config().distributed_executor_backend == "ray"
+    assert c.model.distributed_executor_backend is None  # the user's section is left as written
+
+
+@pytest.mark.parametrize("bad", [
+    {"replicas": {"use_gpu": True}, "model": {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}},
+    {"replicas": {"use_gpu": True}, "model": {"platform": "cpu"}},
+    {"replicas": {"use_gpu": False}, "model": {"platform": "cuda"}},
+    {"replicas": {"use_gpu": True, "placement_strategy": "ANYWHERE"}, "model": {"tensor_parallel_size": 2}},
+    {"model": {"tensor_parallel_size": 0}},
+    {"model": {"gpu_memory_utilization": 1.5}},
+    {"model": {"unknown_engine_field": 1}},
+])
+def test_contradictory_placement_is_rejected_at_load_time(bad):
+    with pytest.raises(ValidationError):
+        AppConfig.model_validate(bad)
+
+
+def test_vector_actor_gpu_share_is_accounted_by_ray():
+    cpu = AppConfig().retrievers
+    assert cpu.vector_actor_options()["num_gpus"] == 0 and not cpu.vector_on_gpu
+    gpu = AppConfig.model_validate({"retrievers": {"vector_num_gpus": 0.25}}).retrievers
+    assert gpu.vector_actor_options()["num_gpus"] == 0.25 and gpu.vector_on_gpu
 
 
 @pytest.mark.parametrize("bad", [

@@ -1,0 +1,76 @@
+"""Where an engine replica runs: Ray actor options and, for multi-GPU replicas, placement bundles.
+
+Pure (no Ray calls): `replica_placement` turns the replica settings and the engine config into what
+the Serve deployment receives, so the bundles are unit-tested on a CPU machine.
+
+- CPU replica: the actor asks for `num_cpus` and no GPU; vLLM gets one OpenMP thread per process.
+- One-GPU replica (tensor x pipeline parallel = 1): the actor asks for one GPU; Ray sets its
+  CUDA_VISIBLE_DEVICES and vLLM runs its single worker there.
+- Multi-GPU replica (TP x PP = N > 1), the way Ray Serve LLM places one: a placement group of N
+  bundles of one GPU each; the replica actor lives in bundle 0 (its CPUs and custom resources are
+  added there) and asks for no GPU itself; vLLM's "ray" executor starts one worker per bundle of
+  the replica's placement group. STRICT_PACK keeps a tensor-parallel group on one node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from engine.config import EngineConfig, EngineConfigError
+
+# Measured on 2 cores: one OpenMP thread per process; with V1 multiprocessing off, vLLM keeps the
+# requested "uni" executor instead of its CPU platform's switch to "mp".
+CPU_ENGINE_ENV = {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                  "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
+
+
+@dataclass(frozen=True)
+class ReplicaPlacement:
+    """What the engine deployment is given: actor options, optional bundles, the engine config."""
+
+    ray_actor_options: dict
+    placement_group_bundles: list[dict] | None
+    placement_group_strategy: str | None
+    engine: EngineConfig
+
+    def deployment_options(self) -> dict:
+        options = {"ray_actor_options": self.ray_actor_options}
+        if self.placement_group_bundles is not None:
+            options["placement_group_bundles"] = self.placement_group_bundles
+            options["placement_group_strategy"] = self.placement_group_strategy
+        return options
+
+
+def replica_placement(engine: EngineConfig, *, use_gpu: bool, num_cpus: float, resources: dict,
+                      strategy: str = "STRICT_PACK") -> ReplicaPlacement:
+    """Placement of one engine replica; contradictory settings raise EngineConfigError."""
+    if strategy not in PLACEMENT_STRATEGIES:
+        raise EngineConfigError(f"placement strategy must be one of {PLACEMENT_STRATEGIES}, got {strategy!r}")
+    if not use_gpu:
+        if engine.platform == "cuda":
+            raise EngineConfigError("engine platform 'cuda' needs replicas.use_gpu = true")
+        if engine.num_devices > 1 and engine.distributed_executor_backend in (None, "uni"):
+            raise EngineConfigError("a CPU replica with tensor/pipeline parallelism needs "
+                                    "distributed_executor_backend 'mp'")
+        options = {"num_cpus": num_cpus, "num_gpus": 0, "runtime_env": {"env_vars": dict(CPU_ENGINE_ENV)}}
+        return ReplicaPlacement(_with_resources(options, resources), None, None, engine)
+    if engine.platform == "cpu":
+        raise EngineConfigError("replicas.use_gpu = true contradicts engine platform 'cpu'")
+    if engine.num_devices == 1:
+        options = _with_resources({"num_cpus": num_cpus, "num_gpus": 1}, resources)
+        return ReplicaPlacement(options, None, None, engine)
+    backend = engine.distributed_executor_backend
+    if backend not in (None, "ray"):
+        raise EngineConfigError(f"a {engine.num_devices}-GPU replica runs its workers in its placement "
+                                f"group with the 'ray' executor, not {backend!r}")
+    first = {"CPU": num_cpus, "GPU": 1, **resources}
+    bundles = [first] + [{"GPU": 1} for _ in range(engine.num_devices - 1)]
+    options = _with_resources({"num_cpus": num_cpus, "num_gpus": 0}, resources)
+    return ReplicaPlacement(options, bundles, strategy, replace(engine, distributed_executor_backend="ray"))
+
+
+def _with_resources(options: dict, resources: dict) -> dict:
+    if resources:
+        options["resources"] = dict(resources)
+    return options
