@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from engine.api import SamplingConfig
-from engine.config import EngineConfig
+from bench.results_meta import start_run, write_results
+from engine.config import PLATFORMS, EngineConfig
 from engine.measure import run_floor, run_one_shot, run_streamed
 from engine.prompt import ContextDoc, RagPrompt
 from retrievers.corpus import load_documents
@@ -48,7 +49,7 @@ async def bench(args) -> dict:
     from engine.vllm_engine import create_engine
 
     engine = await create_engine(EngineConfig(model=args.model, max_model_len=8192, dtype=args.dtype,
-                                              kv_cache_memory_bytes=2 << 30))
+                                              platform=args.platform, kv_cache_memory_bytes=2 << 30))
     prompt, docs, cursor = RagPrompt(engine.tokenizer), load_documents(), 0
     sampling = SamplingConfig(max_tokens=args.max_tokens)
     rows = []
@@ -82,8 +83,8 @@ def summarize(rows, args) -> dict:
     result = {"stream": block("stream_ttft_s"), "nonstream": block("nonstream_ttft_s"),
               "floor": block("floor_ttft_s"), "outputs_identical": all(r["identical"] for r in rows),
               "identical_fraction": sum(r["identical"] for r in rows) / len(rows),
-              "config": {k: getattr(args, k) for k in ("model", "dtype", "sessions", "chunks", "chunk_tokens",
-                                                        "gap", "max_tokens")},
+              "config": {k: getattr(args, k) for k in ("model", "dtype", "platform", "sessions", "chunks",
+                                                        "chunk_tokens", "gap", "max_tokens")},
               "sessions": rows, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     result["speedup_p50"] = result["nonstream"]["ttft_p50_s"] / result["stream"]["ttft_p50_s"]
     result["floor_ratio_p50"] = result["stream"]["ttft_p50_s"] / result["floor"]["ttft_p50_s"]
@@ -99,14 +100,15 @@ def main(argv=None) -> int:
     parser.add_argument("--gap", type=float, default=0.7)
     parser.add_argument("--max-tokens", dest="max_tokens", type=int, default=16)
     parser.add_argument("--dtype", default="bfloat16", help="bfloat16 or float32")
+    parser.add_argument("--platform", default="auto", choices=PLATFORMS, help="cpu, cuda or auto")
     parser.add_argument("--quick", action="store_true", help="3 sessions of 4 chunks of 400 tokens")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
         args.sessions, args.chunks, args.chunk_tokens, args.gap = 3, 4, 400, 0.5
+    meta = start_run(args.model, args.dtype, seeds=[0])
     result = asyncio.run(bench(args))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_results(args.out, result, meta)
     print(json.dumps({k: result[k] for k in ("stream", "nonstream", "floor", "speedup_p50",
                                               "floor_ratio_p50", "outputs_identical", "identical_fraction")}, indent=2))
     return 0
