@@ -3,8 +3,9 @@
 Recompute (what a preempted request pays to come back) is measured as the time to the first token
 of a prompt of N tokens with a fresh cache salt, so the prefix cache reuses nothing: exactly a full
 prefill of N tokens plus one sampled token. Decode is measured as the median gap between tokens of
-B requests decoding together. Swap is not measured where it does not exist: vLLM's KV offload is
-CUDA-only, so on CPU the model records swap as unavailable (null) instead of inventing numbers.
+B requests decoding together. Swap is measured only where it exists (`--kv-offload-gib` on a GPU,
+`measure_swap_in`): vLLM's KV offload is CUDA-only, so on CPU the model records swap as unavailable
+(null) instead of inventing numbers.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from engine.api import SamplingConfig
-from engine.config import EngineConfig
+from engine.config import PLATFORMS, EngineConfig
+from engine.engine_args import detect_platform, resolve_platform
 from scheduler.cost_model import build_cost_model, load_cost_model, save_cost_model
 from stream2llm.paths import cache_path
 
@@ -34,20 +36,20 @@ class CalibrationError(ValueError):
     """Bad calibration parameters."""
 
 
-def default_output(model: str) -> Path:
-    return cache_path("cost_model", f"{Path(model).name}-cpu.json")
+def default_output(model: str, platform_name: str = "cpu") -> Path:
+    return cache_path("cost_model", f"{Path(model).name}-{platform_name}.json")
 
 
 def random_prompt(rng: np.random.Generator, vocab_size: int, num_tokens: int) -> list[int]:
     return [int(t) for t in rng.integers(_FIRST_ID, vocab_size, size=num_tokens)]
 
 
-async def time_to_first_token(engine, prompt: list[int], max_tokens: int = 1) -> float:
-    """Seconds from submission to the first sampled token, nothing reused from the cache."""
+async def time_to_first_token(engine, prompt: list[int], max_tokens: int = 1, salt: str | None = None) -> float:
+    """Seconds from submission to the first sampled token; a fresh salt (default) reuses no cache."""
     started = time.perf_counter()
     first = None
     async for delta in engine.generate(token_ids=prompt, sampling=SamplingConfig(max_tokens=max_tokens),
-                                       cache_salt=uuid.uuid4().hex):
+                                       cache_salt=salt or uuid.uuid4().hex):
         if delta.token_ids and first is None:
             first = time.perf_counter() - started
     if first is None:
@@ -62,6 +64,28 @@ async def measure_recompute(engine, sizes, repeats: int, rng, vocab_size: int) -
         for size in sizes:
             times[size].append(await time_to_first_token(engine, random_prompt(rng, vocab_size, size)))
     return [(size, statistics.median(values)) for size, values in times.items()]  # spikes: outliers
+
+
+async def measure_swap_in(engine, sizes, repeats: int, rng, vocab_size: int, block_size: int,
+                          settle_s: float = 0.5) -> list[tuple[int, float]]:
+    """Seconds to load N tokens' KV back from the host pool (engines with KV offloading only).
+
+    Per size: prefill a prompt (its blocks are offloaded as they fill), drop the device prefix
+    cache, run it again (the blocks load from host memory), and run it a third time (all blocks
+    on the device). Load time = second TTFT - third TTFT: the same one-token prefill and decode
+    step in both, the difference is the transfer.
+    """
+    pairs: dict[int, list[float]] = {size: [] for size in sizes}
+    for _ in range(repeats):
+        for size in sizes:
+            prompt, salt = random_prompt(rng, vocab_size, size), uuid.uuid4().hex
+            await time_to_first_token(engine, prompt, salt=salt)
+            await asyncio.sleep(settle_s)  # offloading stores run behind the forward pass
+            await engine.drop_device_prefix_cache()
+            loaded = await time_to_first_token(engine, prompt, salt=salt)
+            resident = await time_to_first_token(engine, prompt, salt=salt)
+            pairs[size].append(max(0.0, loaded - resident))
+    return [(-(-size // block_size), statistics.median(values)) for size, values in pairs.items()]
 
 
 async def _token_times(engine, prompt: list[int]) -> list[float]:
@@ -96,13 +120,20 @@ async def measure_cost_model(engine, config: EngineConfig, sizes, repeats: int, 
     recompute = await measure_recompute(engine, sorted(sizes), repeats, rng, vocab)
     decode = await measure_decode(engine, batches, rng, vocab) if batches else []
     block_size = (await engine.stats()).block_size  # the engine's, after platform defaults
+    swap_in = []
+    if config.kv_offload_gib is not None:
+        swap_in = await measure_swap_in(engine, sorted(sizes), repeats, rng, vocab, block_size)
+    swap_note = ("swap_in = TTFT after dropping the device prefix cache minus TTFT with the KV resident "
+                 "(median); swap_out set equal to swap_in (stores overlap the forward pass and are "
+                 "not timed separately)" if swap_in else
+                 "swap unavailable: no KV offloading on this engine (vLLM's is CUDA-only)")
     return build_cost_model(
         recompute, decode_step=decode, block_size=block_size, model=config.model,
-        device=f"cpu ({platform.machine()}, {platform.node()})",
+        swap_out=swap_in, swap_in=swap_in,
+        device=f"{'cuda' if swap_in else 'cpu'} ({platform.machine()}, {platform.node()})",
         notes=(f"stream2llm calibrate: recompute = time to first token of N fresh tokens "
                f"(median of {repeats} runs), max_num_batched_tokens={config.max_num_batched_tokens}; "
-               f"decode = median inter-token gap at batch B; swap unavailable: vLLM KV offload "
-               f"is CUDA-only"),
+               f"decode = median inter-token gap at batch B; {swap_note}"),
     )
 
 
@@ -135,15 +166,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--kv-cache-bytes", type=int, default=256 << 20)
+    parser.add_argument("--platform", default="auto", choices=PLATFORMS)
+    parser.add_argument("--kv-offload-gib", type=float, default=None,
+                        help="GPU only: enable vLLM's CPU KV offloading and measure the swap-in side")
     parser.add_argument("--output", type=Path, help="cost-model JSON (default: the cache folder)")
 
 
 def run(args: argparse.Namespace) -> int:
-    config = EngineConfig(model=args.model, max_model_len=args.max_model_len,
-                          kv_cache_memory_bytes=args.kv_cache_bytes,
+    config = EngineConfig(model=args.model, max_model_len=args.max_model_len, platform=args.platform,
+                          kv_cache_memory_bytes=args.kv_cache_bytes, kv_offload_gib=args.kv_offload_gib,
                           max_num_batched_tokens=args.max_num_batched_tokens, answer_budget_tokens=1)
     document = asyncio.run(calibrate(config, args.sizes, args.repeats, args.decode_batches))
-    output = args.output or default_output(args.model)
+    output = args.output or default_output(args.model, resolve_platform(config, detect_platform()))
     output.parent.mkdir(parents=True, exist_ok=True)
     save_cost_model(document, output)
     model = load_cost_model(output)

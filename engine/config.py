@@ -62,6 +62,9 @@ class EngineConfig:
                                          "forward pass). Default: vLLM's (on for GPUs, off on CPU).")
     kv_offload_gib: float | None = _doc(None, "GPU only: host-memory pool (GiB) for vLLM's CPU KV "
                                         "offloading, the 'swap' side of preemption. None: recompute only.")
+    cost_model_path: str | None = _doc(None, "GPU only, with kv_offload_gib: a calibrated cost model "
+                                       "(stream2llm calibrate) that decides per resuming request whether "
+                                       "to load its offloaded KV or recompute it. None: always load.")
     extra_engine_args: dict = _doc({}, "Other vLLM engine arguments, passed as they are. Keys that a "
                                    "field above owns are refused.")
 

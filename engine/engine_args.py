@@ -75,6 +75,9 @@ def _check(config: EngineConfig, platform: str) -> None:
         if config.kv_offload_gib is not None:
             raise EngineConfigError("KV offloading (swap) is CUDA-only in vLLM 0.32: on CPU preemption "
                                     "recomputes; leave kv_offload_gib unset")
+    if config.cost_model_path is not None and config.kv_offload_gib is None:
+        raise EngineConfigError("cost_model_path chooses between loading offloaded KV and recomputing: "
+                                "it needs kv_offload_gib")
 
 
 def resolve_engine_args(config: EngineConfig, platform: str, model_path: str, scheduler_config: dict) -> dict:
@@ -128,4 +131,8 @@ def build_vllm_config(config: EngineConfig):
     vllm_config = AsyncEngineArgs(**kwargs).create_engine_config()
     scheduler = vllm_config.scheduler_config
     scheduler.scheduler_cls = scheduler_class(bool(scheduler.async_scheduling))
+    if config.cost_model_path is not None:
+        from engine.kv_offload import use_cost_aware_offload
+
+        use_cost_aware_offload(vllm_config, config.cost_model_path)
     return vllm_config

@@ -238,6 +238,10 @@ class VLLMStreamingEngine(StreamingEngine):
             yield OutputDelta(text, tuple(completion.token_ids), output.finished, completion.finish_reason)
         stats.done_at = time.monotonic()
 
+    async def drop_device_prefix_cache(self) -> None:
+        """Drop the device's prefix cache but keep KV offloaded to host memory (swap calibration)."""
+        await self._llm.reset_prefix_cache(reset_connector=False)
+
     def session_stats(self, session_id: str) -> SessionStats:
         session = self._sessions.get(session_id)
         if session is not None:

@@ -22,3 +22,16 @@ def choose_preemption_kind(victim: RequestView, cost: CostModel | None,
         return RECOMPUTE
     swap_s = cost.swap_out_s(blocks) + cost.swap_in_s(blocks)
     return SWAP if swap_s < cost.recompute_s(victim.num_computed_tokens) else RECOMPUTE
+
+
+def choose_resume_kind(num_tokens: int, block_size: int, cost: CostModel | None) -> str:
+    """For a request resuming with `num_tokens` of its KV offloaded to host memory: load it back
+    (SWAP) or recompute it, priced on this request's own size.
+
+    The swap-out already happened while the KV was computed (vLLM's offloading stores blocks as
+    they fill), so only the swap-in is weighed. Without swap measurements the load is kept.
+    """
+    if num_tokens <= 0 or cost is None or not cost.swap_available:
+        return SWAP
+    blocks = -(-num_tokens // block_size)
+    return SWAP if cost.swap_in_s(blocks) <= cost.recompute_s(num_tokens) else RECOMPUTE

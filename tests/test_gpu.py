@@ -85,18 +85,40 @@ async def test_scheduler_plugin_runs_under_async_scheduling_with_kv_pressure():
         await engine.shutdown()
 
 
-async def test_kv_offload_swaps_under_pressure_and_answers_stay_exact():
+@pytest.mark.parametrize("swap_in_s_per_block", [None, 1e-6, 1.0])
+async def test_kv_offload_under_pressure_answers_stay_exact(tmp_path, swap_in_s_per_block):
+    """Plain offload (None), and the cost-aware connector with loading priced cheap or dear."""
     from engine.vllm_engine import create_engine
+    from scheduler.cost_model import build_cost_model, save_cost_model
 
+    cost_path = None
+    if swap_in_s_per_block is not None:
+        swap = [(1, swap_in_s_per_block), (1000, 1000 * swap_in_s_per_block)]
+        cost_path = tmp_path / "cost.json"
+        save_cost_model(build_cost_model([(16, 0.001), (4096, 0.05)], block_size=16, device="cuda",
+                                         model="smollm2", swap_out=swap, swap_in=swap), cost_path)
     engine = await create_engine(_gpu_config(policy="tailguard", gpu_memory_utilization=None,
-                                             kv_cache_memory_bytes=64 << 20, kv_offload_gib=2.0))
+                                             kv_cache_memory_bytes=64 << 20, kv_offload_gib=2.0,
+                                             cost_model_path=str(cost_path) if cost_path else None))
     try:
-        assert engine._llm.vllm_config.kv_transfer_config is not None  # vLLM's CPU offloading connector
+        transfer = engine._llm.vllm_config.kv_transfer_config
+        assert transfer is not None  # vLLM's CPU offloading connector, or ours over it
+        assert (transfer.kv_connector == "CostAwareOffloadingConnector") == (cost_path is not None)
         streamed, one_shot = await asyncio.wait_for(_streamed_and_one_shot(engine, sessions=24), 300)
         assert streamed == one_shot
         assert (await engine.stats()).preemptions > 0
     finally:
         await engine.shutdown()
+
+
+async def test_calibrate_measures_the_swap_side_with_offload():
+    from engine.calibrate import calibrate
+
+    config = _gpu_config(gpu_memory_utilization=None, kv_cache_memory_bytes=1 << 30, kv_offload_gib=2.0,
+                         answer_budget_tokens=1)
+    document = await calibrate(config, sizes=(256, 1024), repeats=2, batches=(1,))
+    assert document["swap_in"] and document["swap_out"] and document["device"].startswith("cuda")
+    assert all(seconds >= 0 for _, seconds in document["swap_in"])
 
 
 async def test_tensor_parallel_two_gpus_matches_one_gpu():
