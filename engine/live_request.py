@@ -18,7 +18,11 @@ from vllm.engine.protocol import StreamingInput
 from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 
-_PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA)
+from engine.vllm_views import PARTIAL_TURN_ARG
+
+# The mark tells the scheduler plug-in that this turn is not the question (`engine.vllm_views`).
+_PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA,
+                               extra_args={PARTIAL_TURN_ARG: True})
 _STREAM_END = None
 
 

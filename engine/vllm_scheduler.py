@@ -1,97 +1,145 @@
-"""vLLM scheduler plug-in (`scheduler_cls`): idle streaming sessions can be preempted.
+"""vLLM scheduler plug-in (`scheduler_cls`): the project's policies schedule the real engine.
 
-Stock vLLM 0.32 never preempts a streaming session that waits for its next chunk: it keeps its KV
-blocks, so enough idle sessions starve everyone else and concurrent sessions deadlock. Before each
-step this scheduler compares the KV demand of the requests that can run now with the free blocks
-and, while demand exceeds supply, evicts idle sessions (recompute: their blocks go back to the
-pool, still hashed in the prefix cache). Victims come from the tail of the configured policy's
-order (`scheduler.policies`), so the policy decides who keeps memory. An evicted session resumes
-transparently when its next chunk arrives: vLLM schedules it as a new prefill and the prefix cache
-returns whatever blocks survived. The policy name comes from `additional_config["stream2llm_policy"]`.
+Before each vLLM step the plug-in builds the policy's order of every live request from vLLM's own
+request state (`engine.vllm_views`), calls the same `scheduler.planner.plan_step` the simulator
+calls, and applies its decision to vLLM:
+
+- the planner's eviction victims are preempted (recompute: their blocks go back to the pool, still
+  hashed in the prefix cache). Running victims go through vLLM's own `_preempt_request`; waiting KV
+  holders (idle streams, streams whose next chunk waits for blocks) are freed here. The planner only
+  evicts requests ranked below the one it makes room for, so there is no priority inversion and
+  no ping-pong between two streams.
+- vLLM's running list and both waiting queues are put in the policy's order: who gets the step's
+  token budget first, who is admitted first, and whom vLLM itself preempts when a running request
+  cannot grow (it takes `running[-1]`, now the lowest-ranked running request).
+- idle streaming sessions (waiting for their next chunk) are parked outside vLLM's queues and its
+  `max_num_seqs` count, so open sessions never block admission of new work; a parked session keeps
+  its KV until the planner evicts it and rejoins the queues when its next chunk arrives.
+
+Where vLLM's structure forces a difference from the simulator, which applies the decision as is:
+vLLM schedules its running list before any waiting request (a waiting request ranked above a
+running one gets budget after it), drains waiting requests that hold KV before those that do not,
+stops admitting at the first waiting request whose blocks do not fit (it chunks a prefill to the
+token budget, never to the free memory as the planner may), admits no waiting request in
+a step where it preempted, and counts blocks itself (prefix-cache hits can make a request need fewer
+blocks than the planner priced). An idle stream whose KV was evicted stays blocked until its next
+chunk in both (the simulator models this too). Swap is not used: on CPU vLLM has no KV offload.
+
+The policy name comes from `additional_config[POLICY_KEY]` (`scheduler_additional_config`).
 """
 
 from __future__ import annotations
 
-import itertools
-
 import time
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import RequestStatus
 
+from engine.vllm_views import ViewBook
+from scheduler.planner import StepBudget, plan_step
 from scheduler.policies import make_policy
-from scheduler.request import RequestView
 
 POLICY_KEY = "stream2llm_policy"
-_SCHEDULABLE = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-_EVICTABLE = (*_SCHEDULABLE, RequestStatus.WAITING_FOR_STREAMING_REQ)
+_IDLE = RequestStatus.WAITING_FOR_STREAMING_REQ
+_RUNNING = RequestStatus.RUNNING
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+def scheduler_additional_config(config) -> dict:
+    """The `additional_config` entries the plug-in reads, for an `engine.config.EngineConfig`."""
+    return {POLICY_KEY: config.policy}
 
 
-class StreamingScheduler(Scheduler):
+class _StepBlocks:
+    """vLLM's free blocks as the planner's `BlockManager`: arithmetic only, vLLM allocates."""
+
+    def __init__(self, num_free: int, views: dict):
+        self._free, self._views = num_free, views
+
+    def num_free(self) -> int:
+        return self._free
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        return num_blocks <= self._free
+
+    def allocate(self, request_id: str, num_blocks: int) -> None:
+        self._free -= num_blocks
+
+    def free(self, request_id: str, num_blocks: int | None = None) -> int:
+        count = self._views[request_id].num_kv_blocks if num_blocks is None else num_blocks
+        self._free += count
+        return count
+
+
+class PolicySchedulerMixin:
+    """The plug-in's behaviour, over vLLM's `Scheduler` or its `AsyncScheduler`."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         extra = self.vllm_config.additional_config
         name = extra.get(POLICY_KEY, "default_vllm") if isinstance(extra, dict) else "default_vllm"
         self.stream_policy = make_policy(name)
-        self._seq = itertools.count()
-        self._views: dict[str, RequestView] = {}
-        self._evicted_idle: set[str] = set()
+        if not isinstance(self.waiting, FCFSRequestQueue):
+            raise ValueError("the stream2llm scheduler orders vLLM's queues itself: keep vLLM's "
+                             "scheduling policy 'fcfs' (its 'priority' queue cannot be reordered)")
+        self.book = ViewBook(self.stream_policy, self.block_size)
+        self.step_budget = StepBudget(self.max_num_scheduled_tokens, self.block_size)
+        self.parked: dict[str, object] = {}  # idle sessions kept outside vLLM's queues and slots
+        self._settled: set[str] = set()  # parked sessions whose KV was evicted (throwaway trimmed)
 
+    # ---- the step ----------------------------------------------------------------------
     def schedule(self, *args, **kwargs):
-        self._make_room_for_next_request()
+        self.plan_and_apply()
         return super().schedule(*args, **kwargs)
 
-    # ---- eviction ----------------------------------------------------------------------
-    def _next_candidate(self):
-        """The request vLLM's waiting pass will try first: KV holders drain before new ones."""
+    def plan_and_apply(self) -> None:
+        """Order vLLM's queues by the policy and evict what the planner chose (see module doc)."""
+        ordered = self.book.ordered()
+        if not ordered:
+            return
+        blocks = _StepBlocks(self.kv_cache_manager.block_pool.get_num_free_blocks(), self.book.views)
+        decision = plan_step(ordered, blocks, self.step_budget)
+        if decision.preempted:
+            now = time.monotonic()
+            for preemption in decision.preempted:
+                self._evict(self.requests[preemption.request_id], now)
+        self._order_queues()
+
+    def _order_queues(self) -> None:
+        key = self.book.key
+        if len(self.running) > 1:
+            self.running.sort(key=lambda r: key(r.request_id))
         for queue in (self.kv_holding_waiting, self.waiting):
-            for request in queue:
-                if request.status in _SCHEDULABLE:
-                    return request
-        return None
+            if len(queue) > 1:
+                ranked = sorted(queue, key=lambda r: key(r.request_id))
+                queue.clear()
+                queue.extend(ranked)
 
-    def _make_room_for_next_request(self) -> None:
-        """Free enough blocks for the next waiting request by evicting other KV holders.
-
-        Without this, waiting requests that hold KV (idle streams, and streams whose next chunk
-        cannot get blocks) starve each other forever. The candidate itself is never evicted, so
-        every step can make progress as long as one request fits in the cache.
-        """
-        head = self._next_candidate()
-        if head is None:
+    # ---- eviction ----------------------------------------------------------------------
+    def _evict(self, request, now: float) -> None:
+        """Free the request's KV; it recomputes (prefix cache permitting) when it runs again."""
+        if request.status == _RUNNING:
+            self.running.remove(request)
+            self._preempt_request(request, now)  # vLLM's own: back to the front of `waiting`
             return
-        remaining = min(head.num_tokens - head.num_computed_tokens, self.max_num_scheduled_tokens)
-        wanted = _cdiv(remaining, self.block_size) + len(self.running) + 1
-        shortfall = wanted - self.kv_cache_manager.block_pool.get_num_free_blocks()
-        if shortfall <= 0:
-            return
-        holders = [r for r in self.kv_holding_waiting if r is not head and r.num_computed_tokens > 0
-                   and r.status in _EVICTABLE]
-        for view in reversed(self.stream_policy.order(self._view(r) for r in holders)):
-            if shortfall <= 0:
-                break
-            victim = self.requests[view.request_id]
-            shortfall -= _cdiv(victim.num_computed_tokens, self.block_size)
-            self._evict(victim)
-
-    def _evict(self, request) -> None:
-        if request.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+        if request.request_id in self.parked:
             self._settle_idle_session(request)
-        self.kv_holding_waiting.remove_request(request)
+        else:  # a waiting stream whose new chunk has not been admitted yet
+            self.kv_holding_waiting.remove_request(request)
+            self.waiting.add_request(request)
+            self.reset_preempted_req_ids.add(request.request_id)
         self._free_request_blocks(request)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
-        # Status stays as it is: a WAITING stream is then sent to the worker as a new request with
-        # all its tokens (how vLLM resumes streams); an idle one stays blocked until its next chunk.
-        self.waiting.add_request(request)
-        self.reset_preempted_req_ids.add(request.request_id)
+        self.book.mark(request)
         if self.log_stats:  # reported like vLLM's own preemptions (kind: recompute)
-            request.record_event(EngineCoreEventType.PREEMPTED, time.monotonic())
+            request.record_event(EngineCoreEventType.PREEMPTED, now)
+
+    def _preempt_request(self, request, timestamp: float, drop_stale_output: bool = False) -> None:
+        super()._preempt_request(request, timestamp, drop_stale_output)
+        self.book.mark(request)
 
     def _settle_idle_session(self, request) -> None:
         """Drop the turn's throwaway sampled token now, as vLLM does when the next chunk comes.
@@ -106,33 +154,86 @@ class StreamingScheduler(Scheduler):
         request._output_token_ids.clear()
         request.prompt_token_ids.extend(kept)
         request.num_prompt_tokens = len(request.prompt_token_ids)
-        self._evicted_idle.add(request.request_id)
+        self._settled.add(request.request_id)
+
+    # ---- streaming sessions: park idle ones, resume them on their next chunk ---------------
+    def _handle_stopped_request(self, request) -> bool:
+        finished = super()._handle_stopped_request(request)
+        if not finished:
+            if request.status == _IDLE:
+                self._park(request)
+            self.book.mark(request)
+        return finished
+
+    def _park(self, request) -> None:
+        """Take an idle session out of vLLM's queues and its running-slot count (see module doc)."""
+        queue = self.kv_holding_waiting if self._holds_kv_blocks(request) else self.waiting
+        queue.remove_request(request)
+        self.deferred_waiting.discard(request)
+        self.num_waiting_for_streaming_input -= 1
+        # The model runner drops its per-request slot for preempted ids; the session's next turn
+        # is sent to it as a new request with all its tokens, as vLLM sends every resumed stream.
+        self.reset_preempted_req_ids.add(request.request_id)
+        self.parked[request.request_id] = request
 
     def _update_request_as_session(self, session, update) -> None:
-        if session.request_id not in self._evicted_idle:
-            return super()._update_request_as_session(session, update)
-        self._evicted_idle.discard(session.request_id)
-        session.num_computed_tokens = session.num_tokens  # already trimmed: keep every token
-        super()._update_request_as_session(session, update)
-        session.num_computed_tokens = 0  # its KV is gone: prefill again (prefix cache permitting)
+        request_id = session.request_id
+        was_parked = self.parked.pop(request_id, None) is not None
+        if was_parked:
+            self.num_waiting_for_streaming_input += 1  # vLLM's update takes it off again
+        if request_id in self._settled:
+            self._settled.discard(request_id)
+            session.num_computed_tokens = session.num_tokens  # already trimmed: keep every token
+            super()._update_request_as_session(session, update)
+            session.num_computed_tokens = 0  # its KV is gone: prefill again (prefix cache permitting)
+        else:
+            super()._update_request_as_session(session, update)
+        self.book.chunk(session, update.arrival_time)
+        if was_parked:
+            self._enqueue_waiting_request(session)
 
-    def _view(self, request) -> RequestView:
-        view = self._views.get(request.request_id)
-        if view is None:
-            view = RequestView(request.request_id, next(self._seq), request.arrival_time,
-                               request.arrival_time, request.num_tokens)
-            self._views[request.request_id] = view
-        elif request.arrival_time > view.last_chunk_arrival:
-            view.record_chunk(request.arrival_time)
-        view.num_prompt_tokens = request.num_tokens
-        view.num_computed_tokens = request.num_computed_tokens
-        view.num_kv_blocks = _cdiv(request.num_computed_tokens, self.block_size)
-        view.running = True  # resident: it holds device blocks
-        return view
+    # ---- bookkeeping -----------------------------------------------------------------------
+    def add_request(self, request) -> None:
+        is_new = request.request_id not in self.requests
+        super().add_request(request)
+        if is_new:
+            self.book.open(request)
 
     def finish_requests(self, request_ids, finished_status):
-        finished = super().finish_requests(request_ids, finished_status)
-        for request in finished:
-            self._views.pop(request.request_id, None)
-            self._evicted_idle.discard(request.request_id)
-        return finished
+        ids = (request_ids,) if isinstance(request_ids, str) else request_ids
+        for request_id in ids if ids is not None else list(self.parked):
+            if request_id in self.parked:
+                self.num_waiting_for_streaming_input += 1  # vLLM's finish takes it off again
+        return super().finish_requests(request_ids, finished_status)
+
+    def _free_request(self, request, *args, **kwargs):
+        """Every finished request passes here: no per-request entry outlives it."""
+        request_id = request.request_id
+        self.parked.pop(request_id, None)
+        self._settled.discard(request_id)
+        self.book.close(request_id)
+        return super()._free_request(request, *args, **kwargs)
+
+    def _update_after_schedule(self, scheduler_output) -> None:
+        for new in scheduler_output.scheduled_new_reqs:
+            self.book.admitted(new.req_id)
+        for request_id in scheduler_output.scheduled_cached_reqs.resumed_req_ids:
+            self.book.admitted(request_id)
+        super()._update_after_schedule(scheduler_output)
+        requests, mark = self.requests, self.book.mark
+        for request_id in scheduler_output.num_scheduled_tokens:
+            mark(requests[request_id])
+
+
+class StreamingScheduler(PolicySchedulerMixin, Scheduler):
+    """The plug-in over vLLM's synchronous scheduler (the CPU engine's mode)."""
+
+
+class AsyncStreamingScheduler(PolicySchedulerMixin, AsyncScheduler):
+    """The same plug-in over vLLM's `AsyncScheduler`, for engines that run async scheduling (the
+    GPU default): scheduling of step N+1 overlaps the forward pass of step N."""
+
+
+def scheduler_class(async_scheduling: bool) -> type[Scheduler]:
+    """The plug-in class matching the engine core's scheduling mode (vLLM resolves it per platform)."""
+    return AsyncStreamingScheduler if async_scheduling else StreamingScheduler

@@ -1,11 +1,19 @@
 """The two-phase scheduling step, as a pure planner (no I/O, in the spirit of vLLM v1's
-SchedulerInterface).
+SchedulerInterface). The simulator and the vLLM plug-in (`engine.vllm_scheduler`) both call
+`plan_step` on the policy's order of the same kind of views.
 
 Phase 1 walks the policy's order and picks the set that fits the token budget and the KV-block
 budget (capacity = free blocks + blocks held by the listed requests): requests with work get tokens
 (chunked when the budget is short), resident requests that fit keep their blocks. Phase 2 acquires
-the blocks of that set through the block manager, evicting from the tail of the order among running
-requests not chosen, until the allocation fits. Phase 1's accounting guarantees phase 2 terminates.
+the blocks of that set through the block manager, evicting from the tail of the order among
+requests not chosen, until the allocation fits.
+
+Eviction never inverts priority: a request only ever takes memory from requests ranked below it
+(so two requests cannot evict each other back and forth). A chosen request that could fit only by
+evicting a higher-ranked one is not scheduled this step. One exception keeps the engine live: when
+nothing in the policy's order can compute (idle holders ranked ahead of all work, as in
+default_vllm's order), the first request with work that fits on its own is moved to the front and
+may take memory from requests with nothing to compute, and only from those.
 The planner never touches the views: the owner applies the returned decision.
 """
 
@@ -59,10 +67,10 @@ def _blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 def choose(ordered: Sequence[RequestView], budget: StepBudget, capacity: int) -> list[tuple]:
-    """Phase 1: (view, tokens, blocks held after the step) for every request that keeps memory."""
+    """Phase 1: (rank, view, tokens, blocks held after the step) for every request that keeps memory."""
     chosen = []
     token_left, block_left, bs = budget.max_num_tokens, capacity, budget.block_size
-    for view in ordered:
+    for rank, view in enumerate(ordered):
         held = view.num_kv_blocks
         # Once the token budget is spent the rest only keep memory: skip pricing their work.
         if token_left and (work := view.num_tokens_to_compute):
@@ -70,12 +78,12 @@ def choose(ordered: Sequence[RequestView], budget: StepBudget, capacity: int) ->
             tokens = min(work, token_left, block_left * bs - computed)
             if tokens > 0:
                 after = max(held, _blocks_for(computed + tokens, bs))
-                chosen.append((view, tokens, after))
+                chosen.append((rank, view, tokens, after))
                 token_left -= tokens
                 block_left -= after
                 continue
         if held and held <= block_left:
-            chosen.append((view, 0, held))
+            chosen.append((rank, view, 0, held))
             block_left -= held
     return chosen
 
@@ -92,31 +100,53 @@ def plan_step(ordered: Sequence[RequestView], blocks: BlockManager, budget: Step
     """Plan one step over `ordered` (the policy's order of all waiting and running requests)."""
     capacity = blocks.num_free() + sum(v.num_kv_blocks for v in ordered)
     chosen = choose(ordered, budget, capacity)
-    if not any(tokens for _, tokens, _ in chosen):
-        # No progress in policy order (idle holders ahead of all work): put the first request
-        # that fits on its own in front, so a step always computes when anything can.
-        first = _first_that_fits_alone(ordered, capacity, budget.block_size)
-        if first is not None:
-            chosen = choose([first, *(v for v in ordered if v is not first)], budget, capacity)
-    return _acquire(ordered, chosen, blocks, cost, swap_pool)
+    if any(tokens for _, _, tokens, _ in chosen):
+        return _acquire(ordered, chosen, blocks, cost, swap_pool, _any_victim)
+    # No progress in policy order (idle holders ahead of all work): put the first request that
+    # fits on its own in front, so a step always computes when anything can.
+    first = _first_that_fits_alone(ordered, capacity, budget.block_size)
+    if first is None:
+        return _acquire(ordered, chosen, blocks, cost, swap_pool, _any_victim)
+    reordered = [first, *(v for v in ordered if v is not first)]
+    return _acquire(reordered, choose(reordered, budget, capacity), blocks, cost, swap_pool, _no_work)
 
 
-def _acquire(ordered, chosen, blocks: BlockManager, cost, swap_pool) -> StepDecision:
-    """Phase 2: allocate for the chosen set in order, evicting unchosen running requests from the
-    tail of the order while an allocation does not fit."""
+def _any_victim(view: RequestView) -> bool:
+    return True
+
+
+def _no_work(view: RequestView) -> bool:
+    return not view.num_tokens_to_compute
+
+
+def _victims(ordered, chosen, allowed):
+    """(rank, view) of requests that hold blocks and were not chosen, lowest priority first."""
+    chosen_seqs = {view.seq for _, view, _, _ in chosen}
+    for rank in range(len(ordered) - 1, -1, -1):
+        view = ordered[rank]
+        if view.num_kv_blocks and view.seq not in chosen_seqs and allowed(view):
+            yield rank, view
+
+
+def _acquire(ordered, chosen, blocks: BlockManager, cost, swap_pool, allowed) -> StepDecision:
+    """Phase 2: allocate for the chosen set in order, evicting unchosen requests ranked below the
+    one that needs the room, from the tail of the order, while an allocation does not fit."""
     decision = StepDecision()
-    chosen_seqs = {view.seq for view, _, _ in chosen}
-    victims = (v for v in reversed(ordered) if v.num_kv_blocks and v.seq not in chosen_seqs)
-    for view, tokens, after in chosen:
+    victims = _victims(ordered, chosen, allowed)
+    pending = None  # a victim drawn but ranked too high for the request that drew it
+    for rank, view, tokens, after in chosen:
         if not tokens:
             decision.num_kept += 1
             continue
         extra = after - view.num_kv_blocks
         while extra > 0 and not blocks.can_allocate(extra):
-            victim = next(victims, None)
-            if victim is None:
-                raise PlannerError(f"no victim left to fit {extra} blocks for {view.request_id}")
-            decision.preempted.append(_evict(victim, blocks, cost, swap_pool))
+            pending = pending or next(victims, None)
+            if pending is None or pending[0] < rank:
+                break  # only higher-ranked requests are left to evict: no inversion
+            decision.preempted.append(_evict(pending[1], blocks, cost, swap_pool))
+            pending = None
+        if extra > 0 and not blocks.can_allocate(extra):
+            continue
         if extra > 0:
             blocks.allocate(view.request_id, extra)
         if view.num_swapped_blocks and not view.num_kv_blocks:

@@ -47,6 +47,10 @@ class PolicyQueue:
             at = bisect_left(self._sorted_keys, old)
             del self._sorted_keys[at], self._sorted_views[at]
 
+    def key_of(self, view: RequestView) -> tuple:
+        """The key `view` is filed under (as of its last `touch`)."""
+        return self._keys[view.seq]
+
     def ordered(self) -> list[RequestView]:
         """All views, highest priority first (a fresh list: touching later does not change it)."""
         return self._sorted_views[:]

@@ -28,6 +28,9 @@ class RequestView:
     admitted_seq: int = -1  # order of the latest admission to the running set
     admitted_at: float = -1.0
     num_preemptions: int = 0
+    # A partial stream evicted while idle: it cannot run until its next chunk arrives (vLLM keeps
+    # such a session out of its queues; recomputing it early would sample a token nobody asked for).
+    blocked: bool = False
     chunk_gaps: list[float] = field(default_factory=list)  # recent inter-chunk gaps, oldest first
 
     @property
@@ -38,7 +41,7 @@ class RequestView:
     @property
     def num_tokens_to_compute(self) -> int:
         # `finished` and `num_known_tokens` inlined: every policy key reads this on every touch.
-        if self.complete and self.num_output_tokens >= self.max_output_tokens:
+        if self.blocked or (self.complete and self.num_output_tokens >= self.max_output_tokens):
             return 0
         return self.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
 
@@ -56,7 +59,9 @@ class RequestView:
         return self.num_swapped_blocks > 0
 
     def record_chunk(self, now: float, keep_gaps: int = 4) -> None:
-        """Note a later chunk's arrival at `now` (the view is created at the first one)."""
+        """Note a later chunk's arrival at `now` (the view is created at the first one): it
+        unblocks a stream that was evicted while idle."""
+        self.blocked = False
         gap = now - self.last_chunk_arrival
         if gap > 0:
             self.chunk_gaps.append(gap)

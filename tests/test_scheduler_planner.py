@@ -116,6 +116,13 @@ def test_random_states_keep_budgets_and_always_progress(name):
             assert blocks.held.get(rid, 0) * BS >= v.num_computed_tokens + tokens
         victims = {p.request_id for p in decision.preempted}
         assert not victims & {rid for rid, _ in decision.scheduled}
+        # no priority inversion: a victim ranks below some scheduled request, or (progress
+        # rule only) has nothing to compute
+        rank = {v.request_id: i for i, v in enumerate(policy.order(views))}
+        lowest_scheduled = max((rank[rid] for rid, _ in decision.scheduled), default=-1)
+        for rid in victims:
+            assert rank[rid] > min(rank[r] for r, _ in decision.scheduled) or \
+                not by_id[rid].num_tokens_to_compute, (rid, lowest_scheduled)
         assert all(held_before[rid] for rid in victims)
         if any(v.num_tokens_to_compute for v in views):
             assert decision.scheduled, f"no progress in trial {trial}"
@@ -157,3 +164,38 @@ def test_block_manager_rejects_bad_accounting():
         CountingBlockManager(0)
     with pytest.raises(PlannerError):
         StepBudget(0, BS)
+
+
+def test_tailguard_new_partial_stream_takes_only_free_memory():
+    # a new partial stream ranks below resident idle streams: it waits for free memory instead of
+    # evicting one (which would come back at its next chunk and evict another: ping-pong)
+    blocks = CountingBlockManager(10)
+    idle = [resident(blocks, i, computed=4 * BS, first=float(i), gaps=[1.0]) for i in range(2)]
+    decoding = resident(blocks, 3, computed=2 * BS - 4, complete=True)
+    decoding.num_output_tokens = 1  # one token to compute, inside its 2 blocks
+    newcomer = waiting(5, prompt=3 * BS, first=3.0, complete=False)
+    policy = make_policy("tailguard")
+    decision = plan_step(policy.order([*idle, decoding, newcomer]), blocks, StepBudget(512, BS))
+    assert decision.scheduled == [("r3", 1)] and decision.preempted == []
+    # a complete request (its TTFT clock runs) ranks above them and may evict the tail idle one
+    question = waiting(6, prompt=3 * BS, first=4.0, complete=True)
+    decision = plan_step(policy.order([*idle, decoding, newcomer, question]), blocks,
+                         StepBudget(512, BS))
+    assert decision.scheduled == [("r3", 1), ("r6", 3 * BS), ("r5", BS)]  # r5: the free block
+    assert [p.request_id for p in decision.preempted] == ["r1"]
+    # with nothing else able to compute, the progress rule lets the newcomer take idle memory
+    blocks = CountingBlockManager(8)
+    idle = [resident(blocks, i, computed=4 * BS, first=float(i), gaps=[1.0]) for i in range(2)]
+    decision = plan_step(policy.order([*idle, newcomer]), blocks, StepBudget(512, BS))
+    assert decision.scheduled == [("r5", 3 * BS)] and [p.request_id for p in decision.preempted] == ["r1"]
+
+
+def test_evicted_idle_stream_is_blocked_until_its_next_chunk():
+    blocks = CountingBlockManager(4)
+    stream = waiting(0, prompt=2 * BS, complete=False)
+    stream.blocked = True  # evicted while idle: nothing to run until the next chunk
+    assert stream.num_tokens_to_compute == 0 and stream.idle
+    assert plan_step([stream], blocks, StepBudget(512, BS)).scheduled == []
+    stream.record_chunk(1.0)
+    stream.num_prompt_tokens += BS
+    assert plan_step([stream], blocks, StepBudget(512, BS)).scheduled == [("r0", 3 * BS)]

@@ -42,7 +42,8 @@ class TailGuardPolicy(Policy):
             return (0 if view.running else 1, view.last_chunk_arrival, view.seq)
         # A partial request is never finished, so its work is simply known minus computed tokens
         # (inlined: this key is computed for every touched request on every step).
-        has_work = view.num_prompt_tokens + view.num_output_tokens > view.num_computed_tokens
+        has_work = (not view.blocked
+                    and view.num_prompt_tokens + view.num_output_tokens > view.num_computed_tokens)
         if view.running:
             if has_work:
                 return (2, view.last_chunk_arrival, view.seq)

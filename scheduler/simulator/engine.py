@@ -104,6 +104,7 @@ class SimEngine:
         swap_s = 0.0
         for p in decision.preempted:
             view = self.views[p.request_id]
+            view.blocked = view.idle  # as in vLLM: an idle stream waits for its next chunk
             self.stats.preemptions[p.kind] += 1
             view.num_preemptions += 1
             view.num_kv_blocks, view.running = 0, False

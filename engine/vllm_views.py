@@ -1,0 +1,123 @@
+"""Policy views of vLLM requests: one `RequestView` per live request, kept up to date incrementally.
+
+What a view says, read from vLLM 0.32's `Request` (`vllm/v1/request.py`) and its streaming-input
+session path (`Scheduler._handle_stopped_request`, `_update_request_as_session`):
+
+- `seq` and `first_chunk_arrival` are fixed when vLLM first sees the request (the session's first
+  chunk opens it): a stable order that later chunks never reshuffle.
+- `last_chunk_arrival` and `chunk_gaps` follow every later chunk (vLLM stamps each streaming update
+  with its own arrival time).
+- `complete` is true once the turn being served is the final one: our streamed sessions mark every
+  prefill-only turn with `PARTIAL_TURN_ARG` in its sampling parameters' `extra_args`; the question's
+  turn (and any plain one-shot request) carries no mark.
+- A partial turn's work is its prompt only. vLLM samples one throwaway token at the end of every
+  turn and trims it when the next chunk comes; until then it sits in the request's token list but
+  is never computed, so an idle stream (`WAITING_FOR_STREAMING_REQ`, all prompt tokens computed)
+  shows zero work. An idle stream whose KV was evicted is `blocked`: it cannot run before its next
+  chunk.
+- `running` means resident (holds KV blocks), as in the simulator; `num_kv_blocks` counts the blocks
+  of its computed tokens.
+
+Only requests that changed since the last step are re-read and re-keyed (`mark`), so a step costs
+in proportion to what changed, not to the number of open sessions.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from vllm.v1.request import RequestStatus
+
+from scheduler.policies import Policy
+from scheduler.queue import PolicyQueue
+from scheduler.request import RequestView
+
+PARTIAL_TURN_ARG = "stream2llm_partial"
+_IDLE = RequestStatus.WAITING_FOR_STREAMING_REQ
+_RUNNING = RequestStatus.RUNNING
+
+
+def is_partial_turn(request) -> bool:
+    """True while the request serves a prefill-only turn of a streamed session."""
+    params = request.sampling_params
+    extra = params.extra_args if params is not None else None
+    return bool(extra) and bool(extra.get(PARTIAL_TURN_ARG))
+
+
+def fill_view(view: RequestView, request, block_size: int) -> None:
+    """Copy the request's scheduling state into `view` (arrival fields are the book's)."""
+    computed = request.num_computed_tokens
+    partial = is_partial_turn(request)
+    view.complete = not partial
+    view.num_prompt_tokens = request.num_prompt_tokens
+    view.num_computed_tokens = computed
+    if partial:  # the turn's sampled token is thrown away: never work
+        view.num_output_tokens, view.max_output_tokens = 0, 1
+        view.blocked = request.status == _IDLE and computed == 0
+    else:
+        view.num_output_tokens, view.max_output_tokens = request.num_output_tokens, request.max_tokens
+        view.blocked = False
+    view.running = computed > 0 or request.status == _RUNNING
+    view.num_kv_blocks = -(-computed // block_size)
+    view.num_preemptions = request.num_preemptions
+
+
+class ViewBook:
+    """The views of all live requests of one scheduler and the policy's order over them."""
+
+    def __init__(self, policy: Policy, block_size: int):
+        self.queue = PolicyQueue(policy)
+        self.block_size = block_size
+        self.views: dict[str, RequestView] = {}
+        self._seq = itertools.count()
+        self._admissions = itertools.count()
+        self._dirty: dict[str, object] = {}
+
+    def open(self, request) -> None:
+        """A request vLLM has not seen before: its arrival opens the session."""
+        arrival = request.arrival_time
+        view = RequestView(request.request_id, next(self._seq), arrival, arrival, request.num_prompt_tokens)
+        self.views[request.request_id] = view
+        self._dirty[request.request_id] = request
+
+    def chunk(self, request, arrival: float) -> None:
+        """The next turn of a streamed session arrived at `arrival` (vLLM's clock)."""
+        view = self.views.get(request.request_id)
+        if view is not None and arrival > view.last_chunk_arrival:
+            view.record_chunk(arrival)
+        self._dirty[request.request_id] = request
+
+    def mark(self, request) -> None:
+        """The request's state changed: re-read it before the next plan."""
+        if request.request_id in self.views:
+            self._dirty[request.request_id] = request
+
+    def admitted(self, request_id: str) -> None:
+        view = self.views.get(request_id)
+        if view is not None:
+            view.admitted_seq = next(self._admissions)
+
+    def close(self, request_id: str) -> None:
+        """The request finished: forget it (no entry outlives its request)."""
+        view = self.views.pop(request_id, None)
+        self._dirty.pop(request_id, None)
+        if view is not None:
+            self.queue.remove(view)
+
+    def ordered(self) -> list[RequestView]:
+        """Re-read the changed requests and return the policy's order of all live ones."""
+        if self._dirty:
+            views, queue, block_size = self.views, self.queue, self.block_size
+            for request_id, request in self._dirty.items():
+                view = views[request_id]
+                fill_view(view, request, block_size)
+                queue.touch(view)
+            self._dirty.clear()
+        return self.queue.ordered()
+
+    def key(self, request_id: str) -> tuple:
+        """The policy's current key of a live request (as of the last `ordered()`)."""
+        return self.queue.key_of(self.views[request_id])
+
+    def __len__(self) -> int:
+        return len(self.views)

@@ -1,0 +1,93 @@
+"""The scheduler plug-in on a real vLLM scheduler in this process (no model: tests.sched_harness):
+slots, policy order of vLLM's queues, eviction without inversion, clean-up of finished requests."""
+
+import pytest
+from vllm.v1.request import RequestStatus
+
+from engine.vllm_scheduler import AsyncStreamingScheduler, StreamingScheduler
+from scheduler.policies import POLICIES
+from tests.sched_harness import BS, Driver, final, make_scheduler
+
+
+def _idle(d: Driver, rid: str) -> bool:
+    return rid in d.s.parked
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_idle_sessions_do_not_hold_slots(policy):
+    s = make_scheduler(StreamingScheduler, policy, num_blocks=256, max_num_seqs=4)
+    d = Driver(s)
+    sessions = [f"s{i}" for i in range(12)]  # three times max_num_seqs
+    for rid in sessions:
+        d.turn(rid, 20)
+    d.run_until(lambda: all(_idle(d, rid) for rid in sessions))
+    assert s.num_waiting_for_streaming_input == 0 and not s.running
+    assert s.get_num_unfinished_requests() == 0  # the engine core does not spin on idle sessions
+    d.turn("oneshot", 30, final(3), resumable=False)
+    d.turn("new", 25)
+    d.turn("new", 5, final(3))
+    d.end("new")
+    d.run_until(lambda: "oneshot" not in s.requests and "new" not in s.requests)
+    assert len(d.outputs["oneshot"]) == 3
+    for rid in sessions:  # the idle sessions are intact: each still answers its question
+        d.turn(rid, 5, final(2))
+        d.end(rid)
+    d.run_until(lambda: not any(rid in s.requests for rid in sessions))
+    assert len(s.book) == 0 and not s.parked and not s.requests  # nothing outlives its request
+
+
+def test_policy_orders_vllms_waiting_queue_and_running_list():
+    s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=256, max_num_seqs=8)
+    d = Driver(s)
+    d.turn("partial", 300)  # a new partial stream: band 4; longer than one step's budget
+    d.turn("question", 40, final(4), resumable=False)  # complete: band 0/1, arrived later
+    s.plan_and_apply()
+    assert [r.request_id for r in s.waiting] == ["question", "partial"]
+    out = d.step()
+    assert out.num_scheduled_tokens == {"question": 40, "partial": 256 - 40}  # budget in rank order
+    assert [r.request_id for r in s.running] == ["question", "partial"]
+
+
+def test_eviction_takes_idle_memory_for_a_question_and_the_stream_resumes_whole():
+    s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=12, max_num_seqs=8)
+    d = Driver(s)
+    for rid in ("a", "b"):  # 5 blocks each, idle
+        d.turn(rid, 5 * BS)
+    d.run_until(lambda: _idle(d, "a") and _idle(d, "b"))
+    held = s.requests["b"].num_computed_tokens
+    d.turn("q", 5 * BS, final(2), resumable=False)  # needs 5 blocks, 2 free: evict one idle stream
+    d.run_until(lambda: "q" not in s.requests)
+    evicted = [rid for rid in ("a", "b") if s.requests[rid].num_computed_tokens == 0]
+    assert len(evicted) == 1 and s.requests[evicted[0]].num_preemptions == 1
+    # the evicted stream stays parked (blocked) until its next chunk, then recomputes everything
+    victim = s.requests[evicted[0]]
+    assert victim.status == RequestStatus.WAITING_FOR_STREAMING_REQ and s.book.views[evicted[0]].blocked
+    d.turn(evicted[0], BS)
+    assert victim.num_prompt_tokens == held + BS  # the throwaway token was trimmed exactly once
+    d.run_until(lambda: _idle(d, evicted[0]))
+    assert victim.num_computed_tokens == held + BS
+
+
+def test_a_new_partial_stream_does_not_evict_resident_streams_under_tailguard():
+    s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=11, max_num_seqs=8)  # + null block
+    d = Driver(s)
+    d.turn("a", 5 * BS)
+    d.turn("b", 4 * BS)
+    d.run_until(lambda: _idle(d, "a") and _idle(d, "b"))
+    d.turn("new", 3 * BS)  # non-resident partial stream: band 4, takes free memory only
+    d.step()
+    assert s.requests["a"].num_computed_tokens == 5 * BS and s.requests["b"].num_computed_tokens == 4 * BS
+    # it waits for free memory (vLLM admits a waiting request only when blocks for all of its
+    # budgeted tokens fit: it does not chunk a prefill to fit memory as the planner would)
+    assert s.requests["new"].num_computed_tokens == 0
+    d.turn("a", 3 * BS)  # a's next chunk: resident with work (band 2) outranks idle b and evicts it
+    d.step()
+    assert s.requests["b"].num_computed_tokens == 0 and s.requests["a"].num_computed_tokens == 8 * BS
+
+
+def test_async_scheduler_variant_runs_the_same_plan():
+    s = make_scheduler(AsyncStreamingScheduler, "fcfs", num_blocks=64, max_num_seqs=4)
+    d = Driver(s)
+    d.turn("x", 20)
+    d.run_until(lambda: _idle(d, "x"))
+    assert s.num_waiting_for_streaming_input == 0
