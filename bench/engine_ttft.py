@@ -19,7 +19,7 @@ from pathlib import Path
 
 from engine.api import SamplingConfig
 from bench.results_meta import start_run, write_results
-from engine.config import PLATFORMS, EngineConfig
+from engine.config import DEFAULT_MODEL, PLATFORMS, EngineConfig
 from engine.measure import run_floor, run_one_shot, run_streamed
 from engine.prompt import ContextDoc, RagPrompt
 from retrievers.corpus import load_documents
@@ -93,7 +93,7 @@ def summarize(rows, args) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--chunks", type=int, default=8)
     parser.add_argument("--chunk-tokens", dest="chunk_tokens", type=int, default=800)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.api import SamplingConfig
-from engine.config import PLATFORMS, EngineConfig
+from engine.config import DEFAULT_MODEL, PLATFORMS, EngineConfig
 from engine.engine_args import detect_platform, resolve_platform
 from scheduler.cost_model import build_cost_model, load_cost_model, save_cost_model
 from stream2llm.paths import cache_path
@@ -158,7 +158,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help="offline model name or model folder")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="offline model name or model folder")
     parser.add_argument("--sizes", type=_ints, default=DEFAULT_SIZES, help="prompt sizes (tokens)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--decode-batches", type=_ints, default=DEFAULT_BATCHES,

@@ -11,7 +11,7 @@ import asyncio
 import random
 
 from engine.api import SamplingConfig
-from engine.config import EngineConfig
+from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.measure import run_one_shot, run_streamed
 from engine.prompt import ContextDoc, RagPrompt
 from retrievers.corpus import WIKI_ATTRIBUTION, documents_by_id, load_grounded_questions
@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--countries", nargs="*", default=DEFAULT_COUNTRIES)
     parser.add_argument("--docs", type=int, default=6, help="summaries streamed per question")
     parser.add_argument("--gap", type=float, default=0.7, help="seconds between chunks")
-    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -58,7 +58,7 @@ async def demo(args: argparse.Namespace) -> int:
             one_shot = await run_one_shot(engine, prompt.prompt_ids(docs, question.question), sampling)
             print(f"\nQ: {question.question}  (sources: {', '.join(d.source_id for d in docs)})")
             print(f"A: {streamed.answer.strip()}")
-            rows.append((country, question.capital in streamed.answer, streamed.stats.context_tokens,
+            rows.append((country, question.answered_by(streamed.answer), streamed.stats.context_tokens,
                          streamed.stats.ttft_s, one_shot.stats.ttft_s, streamed.answer_ids == one_shot.answer_ids))
     finally:
         await engine.shutdown()

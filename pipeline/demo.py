@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
+from engine.config import DEFAULT_MODEL
 from pipeline import demo_report
 from pipeline.config import AppConfig
 from pipeline.local import free_port, local_app
@@ -38,7 +39,7 @@ class DemoError(RuntimeError):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help='"smollm2" (answers correctly) or "tiny" (gibberish, fast)')
+    parser.add_argument("--model", default=DEFAULT_MODEL, help='"smollm2" (answers correctly) or "tiny" (gibberish, fast)')
     parser.add_argument("--index-subset", type=int, default=400, metavar="N",
                         help="vector index: all grounded countries' articles + N random others (cached)")
     parser.add_argument("--index-grounded", type=int, default=None, metavar="N",

@@ -3,7 +3,7 @@
 Routes: ``/`` (index), ``/wiki/{doc_id}``, ``/search?q=&k=`` (JSON links ranked by text match),
 ``/robots.txt`` (disallows ``/private/``), and fault routes for tests under ``/fault/``.
 Per-page latency is drawn from the crawler workload's gap distribution (lognormal, median 0.70 s,
-mean 1.05 s; DESIGN.md section 6) times ``latency_scale`` (0 = no delay), seeded.
+mean 1.05 s; docs/ARCHITECTURE.md, "Workload shape") times ``latency_scale`` (0 = no delay), seeded.
 
     async with LocalSite(SiteConfig(latency_scale=0)) as site:
         site.base_url, site.allowlist_entry

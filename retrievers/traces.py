@@ -1,7 +1,7 @@
 """Shared trace model: what a retrieval pipeline emitted for one query, and when.
 
 Pure Python (stdlib + numpy). Used by trace replay (retrievers), the simulator (scheduler) and the
-benchmarks. Two shapes, as in the paper (DESIGN.md section 6):
+benchmarks. Two shapes, as in the paper (docs/ARCHITECTURE.md, "Workload shape"):
 
 - crawler ("append"): each event is a chunk added to the end of the prompt;
 - vector ("replace"): each event is a whole new ordered doc-id set; the KV of the longest common

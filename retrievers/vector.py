@@ -8,7 +8,7 @@ the running top-k, so the final step has scanned every list: its top-k equals ex
 Stable order rule ("first seen"): a chunk keeps its position relative to the chunks that were
 already in the context; chunks that enter at the same step follow, by descending score; a chunk
 that leaves and re-enters counts as new. A refinement then changes the context only from the
-first dropped chunk on (mostly the tail), which keeps the engine's KV prefix (DESIGN.md section 2).
+first dropped chunk on (mostly the tail), which keeps the engine's KV prefix (docs/ARCHITECTURE.md, "Update mode").
 """
 
 from __future__ import annotations
