@@ -17,10 +17,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def register(name: str, module: str, help_text: str) -> None:
-    SUBCOMMANDS[name] = (module, help_text)
-
-
 def _optional_subcommands() -> None:
     """Subcommands owned by other packages; listed here so `--help` shows them."""
     extra = {
@@ -28,7 +24,6 @@ def _optional_subcommands() -> None:
         "calibrate": ("engine.calibrate", "measure recompute latency and write a cost model"),
         "serve": ("pipeline.cli_serve", "run the Ray Serve application"),
         "index": ("retrievers.cli_index", "build the FAISS index over the corpus"),
-        "bench": ("bench.cli", "replay traces over HTTP against the Serve app: TTFT per policy and mode, plots"),
     }
     for name, (module, help_text) in extra.items():
         if importlib.util.find_spec(module.split(".")[0]) and _module_exists(module):
