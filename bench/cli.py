@@ -22,8 +22,10 @@ from pathlib import Path
 
 from bench.http_replay import CPU_SHAPES, MODES, POLL_INTERVAL_S, SYNTHETIC, BenchError, BenchSpec, run_bench
 from bench.plots import plot_all
+from bench.results_meta import start_run, with_meta
+from bench.serving_metrics import add_slo_arguments, slos_from_args
 
-CSV_DROP = ("answer", "sent_at")  # long or process-local; kept in the JSON
+CSV_DROP = ("answer", "sent_at", "token_times_s")  # long or process-local; kept in the JSON
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", action="append", default=[], metavar="KEY=VALUE",
                         help="synthetic trace parameter (retrievers.traces CRAWLER_SHAPE / VECTOR_SHAPE)")
     parser.add_argument("--paper-shape", action="store_true", help="paper-scale synthetic tokens")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="model dtype (default: the engine's)")
+    parser.add_argument("--clients", type=int, default=0,
+                        help="closed loop with this many concurrent clients (0: open loop at --qps)")
+    add_slo_arguments(parser)
     parser.add_argument("--out", type=Path, help="output folder (default: cache bench/<workload>-<time>)")
 
 
@@ -77,6 +83,8 @@ def app_sections(args) -> dict:
         model_section["kv_cache_memory_bytes"] = args.kv_cache_bytes
     if args.step_tokens:
         model_section["max_num_batched_tokens"] = args.step_tokens
+    if args.dtype:
+        model_section["dtype"] = args.dtype
     replicas = args.replicas
     # replicas report as often as /v1/cluster is polled, so the time series is not a second stale
     return {"model": model_section,
@@ -90,7 +98,15 @@ def spec_from_args(args) -> BenchSpec:
     return BenchSpec(workload=args.workload, requests=args.requests, qps=_floats(args.qps),
                      policies=_names(args.policies), modes=_names(args.modes), multiplier=args.multiplier,
                      seed=args.seed, max_tokens=args.max_tokens, shape=_shape(args),
-                     app=app_sections(args))
+                     app=app_sections(args), clients=args.clients, slos_ms=slos_from_args(args))
+
+
+def start_meta(spec: BenchSpec):
+    """Run metadata (`bench.results_meta`) for a replay of `spec`: model and dtype as the app runs them."""
+    from pipeline.config import AppConfig
+
+    model = AppConfig.model_validate({"model": spec.app.get("model", {})}).model
+    return start_run(model.model, model.dtype, seeds=[spec.seed])
 
 
 def run_with_traces(spec: BenchSpec, progress: bool = True) -> dict:
@@ -111,7 +127,7 @@ def run_with_traces(spec: BenchSpec, progress: bool = True) -> dict:
 
 
 def write_requests_csv(requests: list[dict], path: Path) -> Path:
-    rows = [{k: (";".join(v) if isinstance(v, list) else v) for k, v in r.items() if k not in CSV_DROP}
+    rows = [{k: (";".join(map(str, v)) if isinstance(v, list) else v) for k, v in r.items() if k not in CSV_DROP}
             for r in requests]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["trace"])
@@ -124,13 +140,14 @@ def save_outputs(result: dict, folder: Path) -> list[Path]:
     """results.json, requests.csv and the figures; the written paths."""
     folder.mkdir(parents=True, exist_ok=True)
     json_path = folder / "results.json"
-    json_path.write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+    json_path.write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")  # meta first: with_meta
     return [json_path, write_requests_csv(result["requests"], folder / "requests.csv"),
             *plot_all(result, folder)]
 
 
-CELL_COLUMNS = ("policy", "mode", "qps", "sessions", "answered", "rejected", "failed", "ttft_p50_s",
-                "ttft_p95_s", "ttft_p99_s", "engine_ttft_p50_s", "pipeline_overhead_p50_s", "makespan_s")
+CELL_COLUMNS = ("policy", "mode", "qps", "clients", "sessions", "answered", "rejected", "failed", "ttft_p50_s",
+                "ttft_p95_s", "ttft_p99_s", "engine_ttft_p50_s", "pipeline_overhead_p50_s", "makespan_s",
+                "e2e_p50_s", "e2e_p99_s", "sessions_per_s")
 
 
 def print_cells(cells: list[dict], out=sys.stdout) -> None:
@@ -151,7 +168,9 @@ def run(args) -> int:
 
     name = Path(spec.workload).stem
     out = args.out or cache_path("bench", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    meta = start_meta(spec)
     result = {"command": " ".join(sys.argv), **run_with_traces(spec)}
+    result = with_meta(result, meta)
     print_cells(result["cells"])
     for path in save_outputs(result, out):
         print(f"wrote {path}")

@@ -26,6 +26,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.serving_metrics import MetricsError, record_from_summary, serving_metrics
+
 from retrievers.traces import (QueryTrace, poisson_arrivals, read_crawler_csv, read_vector_csv,
                                synthetic_crawler_traces, synthetic_vector_traces, write_crawler_csv,
                                write_vector_csv)
@@ -58,12 +60,20 @@ class BenchSpec:
     multiplier: float = 1.0  # the paper's delay multiplier (retrievers.trace_multiplier)
     seed: int = 0
     max_tokens: int = 16
+    clients: int = 0  # > 0: closed loop, this many clients each sending its next request when one ends
+    slos_ms: dict = field(default_factory=dict)  # request_goodput's SLOs: {"ttft"|"tpot"|"e2el": ms}
     shape: dict = field(default_factory=dict)  # synthetic generator overrides
     app: dict = field(default_factory=dict)  # AppConfig sections (nested dict)
 
     def validate(self) -> None:
         if self.requests <= 0 or not self.qps or min(self.qps) <= 0 or self.multiplier <= 0:
             raise BenchError("requests, qps and multiplier must be > 0")
+        if self.clients < 0:
+            raise BenchError(f"clients must be >= 0 (0: open loop), got {self.clients}")
+        try:
+            serving_metrics([], 1.0, slos_ms=self.slos_ms)
+        except MetricsError as e:
+            raise BenchError(str(e)) from None
         unknown = set(self.modes) - set(MODES)
         if unknown or not self.modes:
             raise BenchError(f"unknown prompt modes {sorted(unknown)}; valid: {', '.join(MODES)}")
@@ -124,13 +134,16 @@ def ccdf(values) -> tuple[list[float], list[float]]:
     return xs, [(n - i) / n for i in range(n)]
 
 
-def aggregate(requests: list[dict]) -> dict:
-    """Counts, client TTFT percentiles, engine TTFT p50, pipeline overhead p50 and makespan."""
+def aggregate(requests: list[dict], slos_ms: dict | None = None) -> dict:
+    """Counts, client TTFT percentiles, engine TTFT p50, pipeline overhead p50, makespan, end-to-end
+    latency p50/p99 of the answered, and the `vllm bench serve` metrics over the makespan (`serving`)."""
     ok = [r for r in requests if r["ok"]]
     ttft = [r["ttft_s"] for r in ok]
     overhead = [r["ttft_s"] - r["engine_ttft_s"] for r in ok
                 if r["ttft_s"] is not None and r["engine_ttft_s"] is not None]
     done = [r["sent_s"] + r["latency_s"] for r in requests if r["latency_s"] is not None]
+    makespan = max(done) - min(r["sent_s"] for r in requests) if done else None
+    e2e = [r["latency_s"] for r in ok]
     return {
         "sessions": len(requests), "answered": len(ok),
         "rejected": sum(1 for r in requests if not r["ok"] and r["status"] == 429),
@@ -139,7 +152,11 @@ def aggregate(requests: list[dict]) -> dict:
         "ttft_p99_s": percentile(ttft, 99),
         "engine_ttft_p50_s": percentile([r["engine_ttft_s"] for r in ok], 50),
         "pipeline_overhead_p50_s": percentile(overhead, 50),
-        "makespan_s": max(done) - min(r["sent_s"] for r in requests) if done else None,
+        "makespan_s": makespan,
+        "e2e_p50_s": percentile(e2e, 50), "e2e_p99_s": percentile(e2e, 99),
+        "sessions_per_s": len(ok) / makespan if makespan else None,
+        "serving": serving_metrics([record_from_summary(r) for r in requests], makespan, slos_ms=slos_ms)
+        if makespan else None,
     }
 
 
@@ -172,12 +189,23 @@ async def _one(http, base, name: str, question: str, send_at: float, mode: str, 
     await asyncio.sleep(max(0.0, send_at - time.monotonic()))
     result = await ask(http, base, question, {"type": "trace", "trace": name},
                        prompt_mode=mode, max_tokens=max_tokens)
-    return {**result.summary(), "trace": name}
+    return {**result.summary(), "trace": name, **relative_timings(result)}
 
 
-async def run_cell(base: str, requests: list[tuple[str, str]], arrivals: list[float], mode: str,
-                   max_tokens: int, on_done: Callable[[], None] = lambda: None) -> dict:
-    """Send every request at its arrival time; per-request summaries and the cluster time series."""
+def relative_timings(result) -> dict:
+    """A RagResult's event times in seconds after it was sent (`bench.serving_metrics.record_from_summary`)."""
+    def rel(t):
+        return None if t is None else round(t - result.sent_at, 4)
+
+    return {"first_token_s": rel(result.first_token_at), "retrieval_done_s": rel(result.retrieval_done_at),
+            "token_times_s": [rel(t) for t in result.token_times], "output_tokens": result.final.get("output_tokens")}
+
+
+async def run_cell(base: str, requests: list[tuple[str, str]], arrivals: list[float] | None, mode: str,
+                   max_tokens: int, on_done: Callable[[], None] = lambda: None, clients: int = 0) -> dict:
+    """Open loop: send every request at its arrival time. Closed loop (`clients` > 0, `arrivals`
+    None): each client sends the next unsent request as soon as its previous one ended. Per-request
+    summaries and the cluster time series."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=None, limits=limits) as http:
         t0 = time.monotonic()
@@ -187,14 +215,22 @@ async def run_cell(base: str, requests: list[tuple[str, str]], arrivals: list[fl
         async def tracked(name, question, at):
             summary = await _one(http, base, name, question, t0 + at, mode, max_tokens)
             on_done()
-            return {**summary, "arrival_s": at, "sent_s": summary["sent_at"] - t0}
+            return {**summary, "arrival_s": round(at, 4), "sent_s": summary["sent_at"] - t0}
+
+        pending = iter(requests)
+
+        async def client() -> list[dict]:
+            return [await tracked(n, q, time.monotonic() - t0) for n, q in pending]
 
         try:
-            summaries = await asyncio.gather(*(tracked(n, q, at) for (n, q), at in zip(requests, arrivals)))
+            if clients:
+                summaries = [r for batch in await asyncio.gather(*(client() for _ in range(clients))) for r in batch]
+            else:
+                summaries = await asyncio.gather(*(tracked(n, q, at) for (n, q), at in zip(requests, arrivals)))
         finally:
             stop.set()
             series = await poller
-    return {"requests": list(summaries), "series": series}
+    return {"requests": sorted(summaries, key=lambda r: r["trace"]), "series": series}
 
 
 # ---- whole benchmark ----------------------------------------------------------------------------
@@ -222,16 +258,17 @@ async def _policy_cells(base: str, spec: BenchSpec, policy: str, trace_dir: Path
     await _warm_up(base, trace_dir, spec.seed)
     traces = load_traces(spec)
     cells = []
-    for qps in spec.qps:
-        arrivals = poisson_arrivals(spec.requests, qps, spec.seed)
+    # closed loop: one cell per mode, labelled qps 0 (the rate is whatever the clients achieve)
+    for qps in spec.qps if not spec.clients else (0.0,):
+        arrivals = None if spec.clients else poisson_arrivals(spec.requests, qps, spec.seed)
         for mode in spec.modes:
-            tag = f"{policy}-{mode}-q{qps:g}"
+            tag = f"{policy}-{mode}-q{qps:g}" if not spec.clients else f"{policy}-{mode}-c{spec.clients}"
             requests = write_request_traces(traces, trace_dir, tag, spec.workload in SYNTHETIC)
-            cell = await run_cell(base, requests, arrivals, mode, spec.max_tokens, on_done)
-            labels = {"policy": policy, "mode": mode, "qps": qps}
+            cell = await run_cell(base, requests, arrivals, mode, spec.max_tokens, on_done, spec.clients)
+            labels = {"policy": policy, "mode": mode, "qps": qps, "clients": spec.clients}
             cell["requests"] = [{**labels, **r} for r in cell["requests"]]
             peak = max((s["sessions"] for s in cell["series"]), default=None)
-            cells.append({**labels, **aggregate(cell["requests"]), "peak_sessions": peak, **cell})
+            cells.append({**labels, **aggregate(cell["requests"], spec.slos_ms), "peak_sessions": peak, **cell})
     return cells
 
 

@@ -21,9 +21,14 @@ from bench.http_replay import ccdf  # noqa: E402
 PERCENTILES = (("ttft_p50_s", "p50", "-"), ("ttft_p95_s", "p95", "--"), ("ttft_p99_s", "p99", ":"))
 
 
+def load_label(cell: dict) -> str:
+    """"QPS 0.2" (open loop) or "4 clients" (closed loop)."""
+    return f"{cell['clients']} clients" if cell.get("clients") else f"QPS {cell['qps']:g}"
+
+
 def cell_label(cell: dict, with_qps: bool = False) -> str:
     label = f"{cell['policy']} {cell['mode']}"
-    return f"{label} @{cell['qps']:g} qps" if with_qps else label
+    return f"{label} @{load_label(cell)}" if with_qps else label
 
 
 def _save(fig, path: Path) -> Path:
@@ -37,12 +42,13 @@ def plot_ccdf(result: dict, path: Path) -> Path:
     qps_values = sorted({c["qps"] for c in result["cells"]})
     fig, axes = plt.subplots(1, len(qps_values), figsize=(5.5 * len(qps_values), 4), squeeze=False)
     for ax, qps in zip(axes[0], qps_values):
-        for cell in (c for c in result["cells"] if c["qps"] == qps):
+        cells = [c for c in result["cells"] if c["qps"] == qps]
+        for cell in cells:
             ttft = [r["ttft_s"] for r in result["requests"] if r["ok"] and _same_cell(r, cell)]
             if ttft:
                 xs, ys = ccdf(ttft)
                 ax.step(xs, ys, where="post", label=cell_label(cell))
-        ax.set(yscale="log", xlabel="TTFT (s, client side)", ylabel="P(TTFT >= x)", title=f"QPS {qps:g}")
+        ax.set(yscale="log", xlabel="TTFT (s, client side)", ylabel="P(TTFT >= x)", title=load_label(cells[0]))
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     return _save(fig, path)

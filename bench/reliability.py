@@ -10,9 +10,10 @@ crawler and vector traces written to a temporary trace folder). Under that load,
   mid-answer (after their first token); their sessions must not leak.
 Afterwards the cluster must drain: no sessions, KV back to the idle level, no ingress session logs.
 
-Outcomes per session: answered (a final event), rejected (429), disconnected (left on purpose),
-failed (anything else); `lost` (no final and no error response: a stream cut or a timeout) is the
-part of failed that nobody reported. Memory: RSS of this Ray cluster's processes (the driver's
+Outcomes per session, disjoint: answered (a final event), rejected (429), disconnected (left on
+purpose), lost (no final event and no error reported: a stream cut, a transport error or the
+client's timeout), failed (an error response or error event). `serving` holds the `vllm bench
+serve` metrics over the sessions not left on purpose (`--slo-ttft` for goodput). Memory: RSS of this Ray cluster's processes (the driver's
 descendants: raylet, GCS, workers), sampled with the cluster view (GET /v1/cluster) and Serve's
 running replica count. The tiny model (random weights) is the default: this checks mechanics,
 not answer quality.
@@ -31,6 +32,7 @@ from pathlib import Path
 import httpx
 
 from bench.http_replay import poll_cluster, write_request_traces
+from bench.results_meta import start_run, write_results
 from bench.reliability_drills import (collect_memory, drain, kill_busiest_replica, send_session,
                                       summarize)
 from retrievers.corpus import documents_by_id, load_grounded_questions
@@ -60,6 +62,7 @@ class LoadSpec:
     max_replicas: int = 2
     drain_timeout_s: float = 20.0
     session_timeout_s: float = 300.0   # a session with no final event by then is given up: lost
+    slo_ttft_ms: float | None = None   # request_goodput's TTFT SLO (bench.serving_metrics)
 
 
 @dataclass
@@ -148,7 +151,8 @@ async def run_load(base: str, spec: LoadSpec, plans: list[Planned]) -> dict:
             stop.set()
             series, mem = await cluster, await memory
     return {"records": list(records), "kill": killed, "drain": drained, "series": series, "memory": mem,
-            "idle": idle, "load_s": round(load_s, 2)}
+            "idle": idle, "load_s": round(load_s, 2),
+            "slos_ms": {"ttft": spec.slo_ttft_ms} if spec.slo_ttft_ms else None}
 
 
 async def _outcome_of(task: asyncio.Task, if_cancelled: dict) -> dict:
@@ -187,6 +191,7 @@ def parse_args(argv=None):
     p.add_argument("--max-replicas", type=int, default=d.max_replicas)
     p.add_argument("--kill-deadline", type=float, default=d.kill_deadline_s,
                    help="seconds into the load by which the kill drill fires even with one replica")
+    p.add_argument("--slo-ttft", type=float, default=None, metavar="MS", help="TTFT SLO (ms) for request_goodput")
     p.add_argument("--out", default=str(RESULTS))
     return p.parse_args(argv)
 
@@ -197,14 +202,16 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     spec = LoadSpec(sessions=args.sessions, duration_s=args.duration, seed=args.seed, model=args.model,
                     kill=args.kill, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                    kill_deadline_s=args.kill_deadline)
+                    kill_deadline_s=args.kill_deadline, slo_ttft_ms=args.slo_ttft)
     with tempfile.TemporaryDirectory(prefix="stream2llm-traces-") as folder:
+        meta = start_run(spec.model, app_config(spec, Path(folder)).model.dtype, seeds=[spec.seed])
         report = run(spec, Path(folder))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_results(Path(args.out), report, meta)
     print(json.dumps({k: report[k] for k in ("counts", "recovered", "kill", "leaks", "memory_mb", "replicas",
                                               "wall_s")}, indent=1))
+    serving = report["serving"]
+    print(json.dumps({k: serving[k] for k in ("completed", "median_ttft_ms", "p99_ttft_ms", "median_e2el_ms",
+                                              "p99_e2el_ms", "request_goodput")}))
     print(f"wrote {out}")
     return report
 

@@ -15,7 +15,8 @@ from collections import Counter
 
 import httpx
 
-from bench.http_replay import percentile
+from bench.http_replay import percentile, relative_timings
+from bench.serving_metrics import record_from_summary, serving_metrics
 from pipeline.rag_client import RagResult, apply_event, ask, error_reason, sse_events
 
 MEMORY_INTERVAL_S = 1.0
@@ -47,11 +48,16 @@ async def ask_and_leave(http: httpx.AsyncClient, base: str, question: str, sourc
     return result, False
 
 
-def outcome(result: RagResult, left: bool) -> str:
+def outcome(result: RagResult, left: bool, timed_out: bool = False) -> str:
+    """answered | rejected (429) | disconnected (left on purpose) | lost (no final event and no
+    error reported: a cut stream, a transport error or the client's timeout) | failed (an error
+    response or error event). The five are disjoint."""
     if left:
         return "disconnected"
     if result.ok:
         return "answered"
+    if timed_out or is_lost(result):
+        return "lost"
     return "rejected" if result.status == 429 else "failed"
 
 
@@ -83,7 +89,8 @@ async def send_session(http: httpx.AsyncClient, base: str, plan, t0: float, time
         result.error = f"no final event within {timeout_s:.0f} s"
     return {"index": plan.index, "kind": plan.kind, "leave_on": plan.leave_on, "at_s": round(plan.at_s, 3),
             "sent_s": round(result.sent_at - t0, 3), "latency_s": result.latency_s, "ttft_s": result.ttft_s,
-            "status": result.status, "outcome": outcome(result, left), "lost": timed_out or is_lost(result),
+            "status": result.status, "outcome": outcome(result, left, timed_out), "ok": result.ok and not left,
+            **relative_timings(result),
             "error": result.error, "retrieval_done": result.retrieval_done_at is not None,
             "answered_tokens": bool(result.first_token_at), "recovered": bool(result.final.get("recovered")),
             "replica_id": result.final.get("replica_id"), "contexts": result.contexts, "skipped": result.skipped}
@@ -190,8 +197,8 @@ def _changes(samples: list[dict], key: str) -> list[tuple[float, int]]:
 def summarize(raw: dict, plans) -> dict:
     records, memory, series = raw["records"], raw["memory"], raw["series"]
     by = Counter(r["outcome"] for r in records)
-    counts = {"offered": len(records), **{k: by.get(k, 0) for k in ("answered", "rejected", "failed", "disconnected")},
-              "lost": sum(r["lost"] for r in records),
+    counts = {"offered": len(records),
+              **{k: by.get(k, 0) for k in ("answered", "rejected", "failed", "lost", "disconnected")},
               "disconnected_mid_retrieval": sum(r["outcome"] == "disconnected" and r["leave_on"] == "context"
                                                 for r in records),
               "disconnected_mid_answer": sum(r["outcome"] == "disconnected" and r["leave_on"] == "token"
@@ -218,7 +225,10 @@ def summarize(raw: dict, plans) -> dict:
                "sessions_peak": max((s["sessions"] for s in series), default=None),
                "queued_peak": max((s["queued"] for s in series), default=None), "idle": raw["idle"]},
         "latency_s": _stats(r["latency_s"] for r in answered), "ttft_s": _stats(r["ttft_s"] for r in answered),
+        # sessions left on purpose are neither completed nor failed: not in the serving metrics
+        "serving": serving_metrics([record_from_summary(r) for r in records if r["outcome"] != "disconnected"],
+                                   max(raw["load_s"], 1e-9), slos_ms=raw.get("slos_ms")),
         "load_s": raw["load_s"],
-        "failures": [r for r in records if r["outcome"] == "failed"],
+        "failures": [r for r in records if r["outcome"] in ("failed", "lost")],
         "records": records, "cluster_series": series, "memory_series": memory,
     }

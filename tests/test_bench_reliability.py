@@ -28,6 +28,9 @@ def test_outcomes_and_lost_are_classified_from_the_result():
     cut = RagResult("q", "stream", status=200, error="the stream ended without a final event")
     timeout = RagResult("q", "stream", status=0, error="ReadTimeout: timed out")
     assert is_lost(cut) and is_lost(timeout)
+    # lost is its own outcome, not a part of failed
+    assert outcome(cut, False) == "lost" and outcome(timeout, False) == "lost"
+    assert outcome(RagResult("q", "stream"), False, timed_out=True) == "lost"
     assert outcome(cut, True) == "disconnected"
 
 
@@ -50,11 +53,14 @@ def report(tmp_path_factory):
 def test_every_session_is_accounted_for_and_none_lost(report):
     c = report["counts"]
     assert c["offered"] == 8
-    assert c["offered"] == c["answered"] + c["rejected"] + c["failed"] + c["disconnected"]
+    assert c["offered"] == c["answered"] + c["rejected"] + c["failed"] + c["lost"] + c["disconnected"]
     assert c["lost"] == 0, report["failures"]
     assert c["failed"] == 0, report["failures"]
     assert c["disconnected_mid_retrieval"] == 1 and c["disconnected_mid_answer"] == 1
     assert c["answered"] >= 4
+    serving = report["serving"]  # the 6 sessions not left on purpose
+    assert serving["completed"] == c["answered"] and serving["failed"] == 8 - 2 - c["answered"]
+    assert serving["median_ttft_ms"] > 0 and serving["p99_e2el_ms"] >= serving["median_e2el_ms"]
 
 
 def test_cluster_drains_after_the_load(report):

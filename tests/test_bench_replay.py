@@ -151,3 +151,51 @@ def test_arguments_build_the_app_sections():
     assert spec.app["replicas"]["max_replicas"] == 3 and spec.app["model"]["kv_cache_memory_bytes"] == 1024
     assert spec.app["model"]["max_num_batched_tokens"] == 512
     assert spec.shape["page_tokens"] == 100 and spec.qps == (0.5, 1.0)
+
+
+def test_aggregate_reports_e2e_throughput_and_serving_metrics():
+    requests = [{**_request(sent=i, latency=2.0), "first_token_s": 1.0, "retrieval_done_s": 0.5,
+                 "token_times_s": [1.0, 1.5], "output_tokens": 2} for i in range(3)]
+    agg = aggregate(requests, slos_ms={"ttft": 600})
+    assert agg["e2e_p50_s"] == pytest.approx(2.0) and agg["sessions_per_s"] == pytest.approx(3 / 4.0)
+    serving = agg["serving"]
+    assert serving["completed"] == 3 and serving["median_ttft_ms"] == pytest.approx(500)
+    assert serving["mean_itl_ms"] == pytest.approx(500) and serving["request_goodput"] == pytest.approx(0.75)
+
+
+def _cell(mode, answered, makespan):
+    return {"mode": mode, "clients": 4, "answered": answered, "sessions": answered, "failed": 0, "rejected": 0,
+            "ttft_p50_s": 1.0, "ttft_p95_s": 2.0, "makespan_s": makespan, "sessions_per_s": answered / makespan,
+            "e2e_p50_s": 5.0, "e2e_p99_s": 9.0}
+
+
+@pytest.mark.parametrize("stream_makespan, met", [(40.0, True), (50.0, False)])
+def test_throughput_parity_can_fail(stream_makespan, met):
+    from bench.pipeline import summarize
+
+    result = {"cells": [_cell("stream", 12, stream_makespan), _cell("oneshot", 12, 40.0)], "requests": [],
+              "wall_s": 1, "command": "x", "config": {}}
+    summary = summarize(result)
+    assert summary["throughput_ratio"] == pytest.approx(40.0 / stream_makespan)
+    assert summary["throughput_parity_met"] is met and summary["load"] == "closed loop, 4 clients"
+    assert summary["e2e_s"]["stream"] == {"p50": 5.0, "p99": 9.0}
+
+
+@pytest.mark.timeout(400)
+def test_closed_loop_pipeline_bench_end_to_end(tmp_path):
+    from bench import pipeline
+
+    out = tmp_path / "pipeline.json"
+    code = pipeline.main(["--model", "tiny", "--kv-cache-bytes", str(16 << 20), "--quick", "--clients", "2",
+                          "--multiplier", "0.2", "--step-tokens", "2048", "--slo-ttft", "60000",
+                          "--output", str(out), "--out", str(tmp_path)])
+    summary = json.loads(out.read_text())
+    assert code == 0 and summary["failed"] == 0 and summary["meta"]["model"] == "tiny"
+    for mode in ("stream", "nonstream"):
+        cell = summary[mode]
+        assert cell["clients"] == 2 and cell["answered"] == pipeline.QUICK_REQUESTS
+        # a closed loop: at most `clients` sessions in flight, so no request waited for an arrival time
+        assert all(r["arrival_s"] <= r["sent_s"] + 0.5 for r in summary["requests"])
+        assert cell["serving"]["completed"] == pipeline.QUICK_REQUESTS
+        assert cell["serving"]["request_goodput"] is not None and cell["serving"]["itl_measured"]
+    assert summary["throughput_ratio"] > 0 and isinstance(summary["throughput_parity_met"], bool)
