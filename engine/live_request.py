@@ -18,19 +18,25 @@ from vllm.engine.protocol import StreamingInput
 from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 
-from engine.vllm_views import PARTIAL_TURN_ARG
+from engine.vllm_views import OPENED_ARG, PARTIAL_TURN_ARG
 
 # The mark tells the scheduler plug-in that this turn is not the question (`engine.vllm_views`).
 _PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA,
                                extra_args={PARTIAL_TURN_ARG: True})
 _STREAM_END = None
+ABORTED = "abort"  # finish reason of an answer cut short by close()
 
 
 class LiveRequest:
     """Feeds inputs to `AsyncLLM.generate` and sorts what comes back into throwaway and answer."""
 
-    def __init__(self, llm, on_prefilled=None):
+    def __init__(self, llm, on_prefilled=None, opened_at: float | None = None):
+        """`opened_at` (wall clock, as vLLM stamps arrivals): when the session opened, for a
+        request that replaces an earlier one of the same session: it keeps its place in line."""
         self.request_id = f"s2l-{uuid.uuid4().hex[:12]}"
+        self._opened_at = opened_at
+        self._sent_first = False
+        self.started = asyncio.Event()  # the engine answered once: the first input was prefilled
         self._llm = llm
         self._inputs: asyncio.Queue = asyncio.Queue()
         self._turn_lengths: list[int] = []  # context length after each intermediate input
@@ -48,16 +54,23 @@ class LiveRequest:
         self._task = asyncio.create_task(self._read())
 
     def add_context(self, token_ids: list[int]) -> None:
-        # The engine mutates the first prompt's list in place: always hand over a copy.
         self._context_len += len(token_ids)
         self._turn_lengths.append(self._context_len)
         self._prefilled.clear()
-        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(token_ids)), _PREFILL_ONLY))
+        self._put(token_ids, _PREFILL_ONLY)
 
     def add_final(self, token_ids: list[int], params: SamplingParams) -> None:
         self._final_submitted = True
-        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(token_ids)), params))
+        self._put(token_ids, params)
         self._inputs.put_nowait(_STREAM_END)
+
+    def _put(self, token_ids: list[int], params: SamplingParams) -> None:
+        if self._opened_at is not None and not self._sent_first:
+            params = params.clone()  # first input of a replacement: carry the session's opening
+            params.extra_args = {**(params.extra_args or {}), OPENED_ARG: self._opened_at}
+        self._sent_first = True
+        # The engine mutates the first prompt's list in place: always hand over a copy.
+        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(token_ids)), params))
 
     @property
     def recomputed_tokens(self) -> int:
@@ -87,14 +100,30 @@ class LiveRequest:
             if item[1]:
                 return
 
+    async def wait_started(self) -> None:
+        """Until the engine has answered this request once, or the request has ended."""
+        waiter = asyncio.ensure_future(self.started.wait())
+        await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+
+    async def close_after(self, replacement) -> None:
+        """Close this request once `replacement` (or None) has run once; cancelling closes at once."""
+        try:
+            if replacement is not None:
+                await replacement.wait_started()
+        finally:
+            await self.close()
+
     async def close(self) -> None:
-        """Abort in vLLM (cancelling generate() aborts the request) and wait until it is gone."""
+        """Abort in vLLM (cancelling generate() aborts the request) and wait until it is gone.
+        Whoever waits for the answer gets an `ABORTED` end instead of waiting forever."""
         if not self._task.done():
             self._task.cancel()
         try:
             await self._task
         except (asyncio.CancelledError, Exception):
             pass
+        self._answer.put_nowait(([], True, ABORTED))
 
     async def _input_stream(self):
         while (item := await self._inputs.get()) is not _STREAM_END:
@@ -110,6 +139,7 @@ class LiveRequest:
             self._answer.put_nowait(error)
 
     def _consume(self, output) -> None:
+        self.started.set()
         if self.cached_tokens is None and output.num_cached_tokens is not None:
             self.cached_tokens = output.num_cached_tokens
         completion = output.outputs[0]

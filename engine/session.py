@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,10 @@ class Session:
     state: SessionState = SessionState.OPEN
     busy: bool = False
     request: Any = None  # the live engine request holding this session's KV, if any
+    opened_at: float = field(default_factory=time.time)  # wall clock, as vLLM stamps arrivals
+    # Requests replaced by an update or a seeded question, kept until their replacement has run
+    # once so that it shares their prefix blocks instead of recomputing them (then closed).
+    retiring: dict = field(default_factory=dict)  # replaced request -> task that closes it
 
 
 def longest_common_prefix(old: Sequence[int], new: Sequence[int]) -> int:

@@ -2,13 +2,15 @@
 
 Append uses vLLM's own streaming-input path (`LiveRequest`). Update (replace the whole context)
 keeps the KV of the longest common prefix: when the new context merely extends the old one it is
-an append; otherwise the live request is aborted and a new one is started with the new context,
-and vLLM's prefix cache hands back the KV blocks of the common prefix (all full blocks of it; the
-partial block at the divergence point is recomputed, at most one block more than the ideal).
+an append; otherwise a new request is started with the new context and the old one is closed only
+after the new one has run once, so vLLM's prefix cache hands the new request the old one's KV
+blocks of the common prefix (all full blocks of it; the partial block at the divergence point is
+recomputed). The new request keeps the session's opening time, hence its place in line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -101,21 +103,20 @@ class VLLMStreamingEngine(StreamingEngine):
         if num_tokens > self.context_limit:
             raise ContextTooLongError(num_tokens, self.context_limit, session_closed=False)
 
-    def _start_request(self, session: Session):
+    def _start_request(self, session: Session, replacement: bool = False):
         from engine.live_request import LiveRequest
 
         def on_prefilled(tokens: int) -> None:
             if session.state is SessionState.OPEN or session.stats.finish_at is None:
                 session.stats.tokens_prefilled_before_finish = tokens
 
-        session.request = LiveRequest(self._llm, on_prefilled)
+        session.request = LiveRequest(self._llm, on_prefilled, session.opened_at if replacement else None)
+        session.request.is_replacement = replacement  # its prefill counts as recomputation
         return session.request
 
     def _note_chunk(self, session: Session) -> None:
-        now = time.monotonic()
-        stats = session.stats
-        stats.first_chunk_at = stats.first_chunk_at or now
-        stats.last_chunk_at = now
+        stats, now = session.stats, time.monotonic()
+        stats.first_chunk_at, stats.last_chunk_at = stats.first_chunk_at or now, now
         stats.context_tokens = len(session.context)
 
     async def append(self, session_id: str, text=None, token_ids=None) -> int:
@@ -139,23 +140,27 @@ class VLLMStreamingEngine(StreamingEngine):
         if keep == len(session.context):  # a pure extension invalidates nothing
             session.stats.chunks -= 1
             return await self.append(session_id, token_ids=ids[keep:])
-        session.busy = True
-        try:
-            if session.request is not None:
-                session.stats.tokens_recomputed += session.request.recomputed_tokens
-                await session.request.close()
-                session.request = None
-            session.stats.tokens_invalidated += len(session.context) - keep
-            session.context = []
-            if ids:
-                request = self._start_request(session)
-                request.is_replacement = True
-                request.add_context(ids)
-                session.context = ids
-        finally:
-            session.busy = False
+        # No await from here on: an abort cannot interleave with the swap of requests.
+        session.stats.tokens_invalidated += len(session.context) - keep
+        old, session.request, session.context = session.request, None, []
+        if ids:
+            request = self._start_request(session, replacement=True)
+            request.add_context(ids)
+            session.context = ids
+        self._retire(session, old)
         self._note_chunk(session)
         return len(session.context)
+
+    def _retire(self, session: Session, old) -> None:
+        """Close `old` once the session's new request has run once (at once if there is none):
+        while `old` lives its KV stays, shared by the new request's common prefix through the prefix
+        cache. Under pressure the policy may evict it first: `tokens_recomputed` says how much."""
+        if old is None:
+            return
+        session.stats.tokens_recomputed += old.recomputed_tokens
+        task = asyncio.create_task(old.close_after(session.request))
+        session.retiring[old] = task
+        task.add_done_callback(lambda _: session.retiring.pop(old, None))
 
     def finish(self, session_id: str, question=None, token_ids=None,
                sampling: SamplingConfig | None = None) -> AsyncIterator[OutputDelta]:
@@ -168,7 +173,17 @@ class VLLMStreamingEngine(StreamingEngine):
         if total > self._config.max_model_len:
             raise ContextTooLongError(total, self._config.max_model_len, session_closed=False)
         session.state = SessionState.FINISHING
-        request = session.request or self._start_request(session)
+        request = session.request
+        if request is not None and sampling.seed is not None:
+            # vLLM seeds a request's sampler when the request starts, from its first input's
+            # parameters: a seed on a later turn would be ignored. Honour it with a fresh request
+            # for context + question; the live one is kept until then, so its KV is shared.
+            old, session.request = request, None
+            request = self._start_request(session, replacement=True)
+            ids = session.context + ids
+            session.context = []
+            self._retire(session, old)
+        request = request or self._start_request(session)
         session.context.extend(ids)
         session.stats.finish_at = time.monotonic()
         request.add_final(ids, _sampling_params(sampling))
@@ -197,6 +212,9 @@ class VLLMStreamingEngine(StreamingEngine):
             return
         session.state = SessionState.CLOSED
         request, session.request = session.request, None
+        for old, task in list(session.retiring.items()):
+            task.cancel()  # a task cancelled before it ran never reaches its `finally`: close here
+            await old.close()
         if request is not None:
             session.stats.tokens_recomputed += request.recomputed_tokens
             await request.close()

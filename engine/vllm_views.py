@@ -4,7 +4,9 @@ What a view says, read from vLLM 0.32's `Request` (`vllm/v1/request.py`) and its
 session path (`Scheduler._handle_stopped_request`, `_update_request_as_session`):
 
 - `seq` and `first_chunk_arrival` are fixed when vLLM first sees the request (the session's first
-  chunk opens it): a stable order that later chunks never reshuffle.
+  chunk opens it): a stable order that later chunks never reshuffle. A request that replaces an
+  earlier one of the same session (update mode) carries the session's opening time in
+  `OPENED_ARG` and keeps that first arrival, so it keeps its place in first-arrival orders.
 - `last_chunk_arrival` and `chunk_gaps` follow every later chunk (vLLM stamps each streaming update
   with its own arrival time).
 - `complete` is true once the turn being served is the final one: our streamed sessions mark every
@@ -33,6 +35,7 @@ from scheduler.queue import PolicyQueue
 from scheduler.request import RequestView
 
 PARTIAL_TURN_ARG = "stream2llm_partial"
+OPENED_ARG = "stream2llm_opened"  # wall-clock opening of the session a replacement request serves
 _IDLE = RequestStatus.WAITING_FOR_STREAMING_REQ
 _RUNNING = RequestStatus.RUNNING
 
@@ -76,7 +79,9 @@ class ViewBook:
     def open(self, request) -> None:
         """A request vLLM has not seen before: its arrival opens the session."""
         arrival = request.arrival_time
-        view = RequestView(request.request_id, next(self._seq), arrival, arrival, request.num_prompt_tokens)
+        extra = request.sampling_params.extra_args if request.sampling_params is not None else None
+        opened = min(arrival, extra.get(OPENED_ARG, arrival)) if extra else arrival
+        view = RequestView(request.request_id, next(self._seq), opened, arrival, request.num_prompt_tokens)
         self.views[request.request_id] = view
         self._dirty[request.request_id] = request
 

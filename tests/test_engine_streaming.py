@@ -1,10 +1,12 @@
-"""Streamed sessions produce exactly the greedy output of the one-shot prompt (real vLLM on CPU)."""
+"""Streamed sessions produce exactly the greedy output of the one-shot prompt (real vLLM on CPU);
+races of abort with update and finish; a seeded question."""
 
+import asyncio
 import uuid
 
 import pytest
 
-from engine.api import SamplingConfig
+from engine.api import SamplingConfig, SessionNotFoundError
 from tests.conftest import collect, wait_for_kv_blocks
 
 GREEDY = SamplingConfig(max_tokens=24)
@@ -88,3 +90,49 @@ async def test_kv_returns_to_baseline_after_close_abort_and_disconnect(tiny_engi
     await answer.aclose()  # the consumer went away mid-answer
     assert await wait_for_kv_blocks(tiny_engine, 0) == 0
     assert (await tiny_engine.stats()).sessions_active == 0
+
+
+async def test_abort_racing_update_and_finish_leaves_nothing_behind(tiny_engine):
+    engine = tiny_engine
+    sid = await engine.open_session()
+    await engine.append(sid, text="alpha beta gamma delta " * 20)
+    await engine.wait_prefilled(sid)
+    # update and abort at once: no request may outlive the aborted session
+    await asyncio.gather(engine.update(sid, text="alpha beta " * 30), engine.abort(sid),
+                         return_exceptions=True)
+    with pytest.raises(SessionNotFoundError):
+        await engine.append(sid, text="more")
+    # abort while the answer streams: the reader ends (reason "abort") instead of waiting forever
+    sid = await engine.open_session()
+    await engine.append(sid, text="one two three " * 10)
+    deltas = engine.finish(sid, question="Question?", sampling=SamplingConfig(max_tokens=400))
+    reasons = []
+
+    async def read():
+        async for delta in deltas:
+            if not reasons:
+                reasons.append("first")
+                await engine.abort(sid)
+            if delta.finished:
+                reasons.append(delta.finish_reason)
+
+    await asyncio.wait_for(read(), timeout=60)
+    assert reasons[-1] in ("abort", "length")
+    assert await wait_for_kv_blocks(engine, 0, timeout_s=30) == 0
+
+
+async def test_seed_on_the_final_question_is_honoured(tiny_engine):
+    engine = tiny_engine
+    context = engine.tokenize("seed test context " * 12)
+    question = engine.tokenize("Question: what next?")
+    sampling = SamplingConfig(max_tokens=12, temperature=1.0, seed=1234)
+    answers = []
+    for _ in range(2):
+        sid = await engine.open_session()
+        await engine.append(sid, token_ids=context)
+        await engine.wait_prefilled(sid)
+        ids, _ = await collect(engine.finish(sid, token_ids=question, sampling=sampling))
+        answers.append(ids)
+    one_shot, _ = await collect(engine.generate(token_ids=context + question, sampling=sampling))
+    assert answers[0] == answers[1] == one_shot and one_shot
+    assert await wait_for_kv_blocks(engine, 0, timeout_s=30) == 0
