@@ -1,5 +1,12 @@
 """One simulated engine: request views, the policy's order, device blocks, the swap pool, and a
-step whose duration comes from the cost model. It runs the same `plan_step` as the real engine."""
+step whose duration comes from the cost model.
+
+It calls the same `scheduler.planner.plan_step` on the same kind of views as the vLLM plug-in
+(`engine.vllm_scheduler`), and applies the decision as is: the scheduled set runs with its tokens.
+The plug-in can only steer vLLM (it orders vLLM's queues and evicts the planner's victims), so the
+engine differs where vLLM's structure forces it; the plug-in's docstring lists how. Like vLLM, a
+stream evicted while idle stays blocked until its next chunk (`RequestView.blocked`).
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,93 @@
+"""A real vLLM scheduler (normally our plug-in) built in this process with no model and no
+workers: for tests and benchmarks of scheduling logic on vLLM's own request states, queues and
+block pool."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from vllm import SamplingParams
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.utils.hashing import sha256_cbor
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+from engine.models import resolve_model
+from engine.vllm_scheduler import POLICY_KEY
+from engine.vllm_views import PARTIAL_TURN_ARG
+
+BS = 16
+init_none_hash(sha256_cbor)
+BLOCK_HASHER = get_request_block_hasher(BS, sha256_cbor)  # for Requests made outside the engine
+PARTIAL = SamplingParams(max_tokens=1, temperature=0.0, extra_args={PARTIAL_TURN_ARG: True})
+
+
+def final(max_tokens: int = 2) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0)
+
+
+def make_scheduler(scheduler_cls, policy: str, num_blocks: int = 64, max_num_seqs: int = 4,
+                   budget: int = 256) -> Scheduler:
+    path = resolve_model("tiny")
+    model = ModelConfig(model=path, tokenizer=path, max_model_len=2048, dtype="float32",
+                        skip_tokenizer_init=True)
+    sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=2048,
+                            is_encoder_decoder=False)
+    cache = CacheConfig(block_size=BS, enable_prefix_caching=True)
+    cache.num_gpu_blocks = num_blocks
+    config = VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched,
+                        additional_config={POLICY_KEY: policy})
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                       kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    return scheduler_cls(vllm_config=config, kv_cache_config=kv,
+                         structured_output_manager=StructuredOutputManager(config), block_size=BS)
+
+
+class Driver:
+    """Feeds requests and turns to a scheduler and runs steps the way the engine core does; plays
+    the model runner: one sampled token when a request's tokens are all computed."""
+
+    def __init__(self, scheduler: Scheduler):
+        self.s = scheduler
+        self.clock = itertools.count(1)
+        self.tokens = itertools.count(1000)
+        self.finished: set[str] = set()
+        self.outputs: dict[str, list[int]] = {}
+
+    def turn(self, rid: str, n: int, params=PARTIAL, resumable: bool = True) -> None:
+        ids = [next(self.tokens) % 5000 for _ in range(n)]
+        self.s.add_request(Request(rid, ids, params, None, arrival_time=float(next(self.clock)),
+                                   resumable=resumable, block_hasher=BLOCK_HASHER))
+
+    def end(self, rid: str) -> None:
+        """Close a streamed session (the input generator ended)."""
+        self.s.add_request(Request(rid, [1], PARTIAL, None, resumable=False))
+
+    def step(self):
+        out = self.s.schedule()
+        ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            r = self.s.requests[rid]
+            sampled.append([7] if r.num_computed_tokens >= r.num_tokens else [])
+        runner = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                   sampled_token_ids=sampled)
+        for outputs in self.s.update_from_output(out, runner).values():
+            for o in outputs.outputs:
+                self.outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
+                if o.finish_reason is not None:
+                    self.finished.add(o.request_id)
+        return out
+
+    def run_until(self, done, max_steps: int = 500) -> int:
+        for n in range(max_steps):
+            if done():
+                return n
+            self.step()
+        raise AssertionError(f"condition not reached in {max_steps} steps")
