@@ -32,6 +32,8 @@ def engine_deployment(config: AppConfig):
         **config.placement().deployment_options(),
         "max_ongoing_requests": r.max_ongoing_requests,
         "health_check_period_s": 5.0,
+        # Scale-down: the replica's shutdown drains its open sessions (central marks it draining).
+        "graceful_shutdown_timeout_s": r.drain_timeout_s,
         "request_router_config": RequestRouterConfig(
             request_router_class=AffinityRouter,
             request_routing_stats_period_s=r.report_interval_s,

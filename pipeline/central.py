@@ -4,11 +4,17 @@ The logic lives in `scheduler.admission` (pure). This actor adds waiting: an adm
 be placed at once waits (bounded queue) until a replica report or a released session makes room,
 or until its timeout, then the caller answers 429. After a restart the actor starts empty and
 rebuilds its view from the next round of replica reports (they list their open sessions).
+
+Settings: the detached actor outlives deployments, so whoever resolves it (`get_or_create_scheduler`,
+called by every ingress and replica at start) publishes the current settings in Ray's GCS key-value
+store and calls `configure()`; a restarted actor reads them back from there, not from the arguments
+it was first created with.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import asdict
 
@@ -18,34 +24,77 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from scheduler.admission import AdmissionController, DemandModel, ReplicaReport, UnknownSessionError
 
 NAMESPACE = "stream2llm"
+ONESHOT_SOURCE = "oneshot"
+
+
+class SchedulerUnavailable(RuntimeError):
+    """The central scheduler did not answer in time (restarting, overloaded or gone)."""
+
+
+def central_settings(config) -> dict:
+    """What the central actor needs from an `AppConfig` (JSON-able)."""
+    s = config.scheduler
+    return {"priors": dict(s.demand_priors), "max_queue": config.limits.max_queue,
+            "stale_after_s": s.stale_after_s, "reserve_frac": s.reserve_frac, "grace_s": s.grace_s,
+            "max_sessions": s.max_sessions, "request_lease_s": s.request_lease_s}
+
+
+def _kv_key(actor_name: str) -> bytes:
+    return f"stream2llm/central/{actor_name}".encode()
 
 
 @ray.remote(max_restarts=-1, max_task_retries=3)
 class CentralScheduler:
-    def __init__(self, priors: dict, max_queue: int, stale_after_s: float, reserve_frac: float):
+    def __init__(self, priors: dict, max_queue: int, stale_after_s: float, reserve_frac: float,
+                 **settings):
         self._ctl = AdmissionController(DemandModel(priors), max_queue, stale_after_s, reserve_frac)
+        self._lease_s = 600.0
         self._waiters: dict[str, asyncio.Future] = {}
-        self._dead: set[str] = set()
         self.started_at = time.time()
+        self.configure({**settings, **(self._published() or {})})
+
+    def _published(self) -> dict | None:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        name = ray.get_runtime_context().get_actor_name()
+        raw = _internal_kv_get(_kv_key(name), namespace=NAMESPACE) if name else None
+        return json.loads(raw) if raw else None
+
+    def configure(self, settings: dict) -> dict:
+        """Apply new settings (a redeploy) without losing placements; returns what is in force."""
+        s = dict(settings)
+        self._lease_s = float(s.pop("request_lease_s", self._lease_s))
+        self._ctl.configure(**s)
+        self._wake()
+        return {"max_queue": self._ctl.max_queue, "stale_after_s": self._ctl.stale_after_s,
+                "grace_s": self._ctl.grace_s, "max_sessions": self._ctl.max_sessions,
+                "request_lease_s": self._lease_s}
 
     def ping(self) -> dict:
         return {"started_at": self.started_at, "node_id": ray.get_runtime_context().get_node_id()}
 
     def report(self, report: dict) -> dict:
         """A replica's periodic report; returns cluster pressure (replicas use it for autoscaling)."""
-        self._dead.discard(report["replica_id"])
         self._ctl.report(ReplicaReport(**report), time.monotonic())
         self._wake()
         return self.pressure()
 
     async def admit(self, session_id: str, source_type: str, timeout_s: float,
-                    exclude: list[str] | None = None) -> dict:
-        """Place a session; waits in the bounded queue. Returns {"replica_id"} or {"rejected"}."""
-        exclude_t = tuple(exclude or ()) + tuple(self._dead)
-        replica_id = self._ctl.try_admit(session_id, source_type, time.monotonic(), exclude_t)
+                    exclude: list[str] | None = None, *, tokens: int | None = None,
+                    recovery: bool = False, lease_s: float | None = None) -> dict:
+        """Place a session; waits in the bounded queue. Returns {"replica_id"} or {"rejected"}.
+
+        `tokens`: expected context tokens when known; `recovery`: the session flees the replicas
+        in `exclude` (served before new sessions, its old placement moves); `lease_s`: the
+        placement expires after this unless released (one-shot requests).
+        """
+        ask = {"tokens": tokens, "recovery": recovery, "lease_s": lease_s}
+        exclude_t = tuple(exclude or ())
+        now = time.monotonic()
+        replica_id = self._ctl.try_admit(session_id, source_type, now, exclude_t, **ask)
         if replica_id is not None:
             return {"replica_id": replica_id}
-        if not self._ctl.enqueue(session_id, source_type, time.monotonic()):
+        if not self._ctl.enqueue(session_id, source_type, now, exclude_t, **ask):
             return self._rejection("admission queue full")
         future = self._waiters[session_id] = asyncio.get_running_loop().create_future()
         self._wake()
@@ -57,10 +106,19 @@ class CentralScheduler:
         finally:
             self._waiters.pop(session_id, None)
 
+    async def admit_request(self, request_id: str, tokens: int, timeout_s: float) -> dict:
+        """Admit one-shot (OpenAI-compatible) traffic: `tokens` = prompt + max new tokens.
+
+        The placement is a lease: `release(request_id)` when the request ends; else it expires.
+        """
+        return await self.admit(request_id, ONESHOT_SOURCE, timeout_s, tokens=tokens, lease_s=self._lease_s)
+
     def _rejection(self, reason: str) -> dict:
         return {"rejected": reason, "retry_after_s": self._ctl.retry_after_s()}
 
     def _wake(self) -> None:
+        if not self._ctl.queued():
+            return
         for session_id, replica_id in self._ctl.drain(time.monotonic()).items():
             future = self._waiters.get(session_id)
             if future is not None and not future.done():
@@ -79,23 +137,26 @@ class CentralScheduler:
         self._wake()
 
     def replica_died(self, replica_id: str) -> list[str]:
-        """Forget a dead replica so that nothing is routed to it until it reports again."""
-        self._dead.add(replica_id)
-        return self._ctl.forget_replica(replica_id)
+        """Forget a dead replica; its late reports are ignored until `stale_after_s` has passed."""
+        return self._ctl.forget_replica(replica_id, time.monotonic())
+
+    def drain(self, replica_id: str, draining: bool = True) -> int:
+        """Scale-down: no new sessions go to the replica; returns the sessions still placed there."""
+        return self._ctl.set_draining(replica_id, draining)
+
+    def sessions_on(self, replica_id: str) -> int:
+        return self._ctl.sessions_on(replica_id)
 
     def pressure(self) -> dict:
         p = self._ctl.pressure(time.monotonic())
         return {**asdict(p), "used_frac": p.used_frac, "projected_frac": p.projected_frac}
 
     def replicas(self) -> dict:
-        now = time.monotonic()
-        live = set(self._ctl.live_replicas(now))
-        out = {}
-        for rid, r in self._ctl.reports().items():
-            if rid in live:
-                out[rid] = {**asdict(r), "headroom": self._ctl.headroom(rid),
-                            "projected_used": self._ctl.projected_used(rid)}
-        return out
+        """Live replicas' reports with headroom (O(R): for /v1/cluster and metrics, not a hot path)."""
+        live = set(self._ctl.live_replicas(time.monotonic()))
+        return {rid: {**asdict(r), "headroom": self._ctl.headroom(rid), "draining": self._ctl.is_draining(rid),
+                      "projected_used": self._ctl.projected_used(rid)}
+                for rid, r in self._ctl.reports().items() if rid in live}
 
 
 def head_node_id() -> str | None:
@@ -106,11 +167,29 @@ def head_node_id() -> str | None:
 
 
 def get_or_create_scheduler(config):
-    """The one central actor, created by whoever asks first (ingress or replica), on the head node."""
+    """The one central actor on the head node, created by whoever asks first (ingress or replica).
+
+    Publishes this config's settings and applies them to a running actor; call it again to
+    re-resolve the handle (e.g. after the actor was killed for good).
+    """
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    settings = central_settings(config)
+    s = config.scheduler
+    _internal_kv_put(_kv_key(s.actor_name), json.dumps(settings).encode(), overwrite=True, namespace=NAMESPACE)
     head = head_node_id()
     strategy = NodeAffinitySchedulingStrategy(head, soft=False) if head else "DEFAULT"
-    s = config.scheduler
-    return CentralScheduler.options(
+    handle = CentralScheduler.options(
         name=s.actor_name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         num_cpus=config.replicas.scheduler_num_cpus, scheduling_strategy=strategy,
-    ).remote(s.demand_priors, config.limits.max_queue, s.stale_after_s, s.reserve_frac)
+    ).remote(settings["priors"], settings["max_queue"], settings["stale_after_s"], settings["reserve_frac"])
+    handle.configure.remote(settings)
+    return handle
+
+
+async def scheduler_health(handle, timeout_s: float = 2.0) -> dict:
+    """The cluster pressure, or `SchedulerUnavailable` when the actor does not answer in time."""
+    try:
+        return await asyncio.wait_for(handle.pressure.remote(), timeout_s)
+    except (asyncio.TimeoutError, ray.exceptions.RayError) as e:
+        raise SchedulerUnavailable(f"central scheduler unavailable: {type(e).__name__}") from e

@@ -34,9 +34,16 @@ class ReplicaSettings(_Section):
     downscale_delay_s: float = Field(10.0, ge=0, description="Sustained calm before scaling down.")
     ingress_num_cpus: float = Field(0.0, ge=0, description="CPUs of the HTTP ingress replica.")
     scheduler_num_cpus: float = Field(0.0, ge=0, description="CPUs of the central scheduler actor.")
+    drain_timeout_s: float = Field(120.0, gt=0, description=(
+        "A replica chosen for scale-down stops taking sessions and waits this long at most for its open "
+        "sessions to end (Serve's graceful_shutdown_timeout_s)."))
 
     @model_validator(mode="after")
     def _bounds(self):
+        if self.min_replicas == 0:
+            raise ValueError("min_replicas=0 is not supported: sessions are admitted by the central scheduler "
+                             "before any request reaches a replica, so Serve never sees the load that would "
+                             "wake a deployment scaled to zero; use min_replicas >= 1")
         if self.min_replicas > self.max_replicas:
             raise ValueError("min_replicas must be <= max_replicas")
         start = self.initial_replicas
@@ -88,6 +95,12 @@ class SchedulerSettings(_Section):
     stale_after_s: float = Field(5.0, gt=0, description="A replica silent this long is not routed to.")
     reserve_frac: float = Field(0.05, ge=0, lt=1, description="KV kept free on every replica.")
     actor_name: str = Field("stream2llm_scheduler", description="Name of the central actor.")
+    grace_s: float = Field(10.0, gt=0, description=(
+        "A placed session its replica's reports do not list (never opened, or closed without a release) "
+        "is dropped this long after its admission or the last report that listed it."))
+    max_sessions: int = Field(200_000, gt=0, description="Placements the central actor holds at most.")
+    request_lease_s: float = Field(600.0, gt=0, description=(
+        "A one-shot request's admission expires after this unless released first."))
 
 
 class AuthSettings(_Section):

@@ -4,15 +4,26 @@ Replicas report their KV blocks and open sessions at a steady interval. A new se
 the replica with the most *projected* KV headroom: blocks used now, plus what every session placed
 there is still expected to grow by (expected demand per source type, learned from finished
 sessions). Later chunks of a session follow its placement (affinity). When no replica can take the
-expected demand, the session waits in a bounded FIFO queue; the caller rejects it (HTTP 429) when
-the queue is full or the wait times out. Everything is rebuilt from reports after a restart.
+expected demand, the session waits in a bounded FIFO queue (sessions recovering from a lost replica
+wait in their own queue, served first); the caller rejects it (HTTP 429) when the queue is full or
+the wait times out. Everything is rebuilt from reports after a restart.
+
+Cost: admit, release and a one-session change are O(log R); a replica's report costs O(its own
+sessions); nothing scans all sessions or all replicas (`scheduler.replica_index`). Placements that
+their replica's reports stop listing are dropped after `grace_s`; one-shot requests hold a lease.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from scheduler.admission_queue import AdmissionQueues, Ask
+from scheduler.demand import DemandModel, desired_replicas
+from scheduler.replica_index import Placement, ReplicaIndex, ReplicaReport, ReplicaState, blocks_for
+
+__all__ = ["AdmissionController", "AdmissionError", "ClusterPressure", "DemandModel", "Placement",
+           "ReplicaReport", "UnknownSessionError", "blocks_for", "desired_replicas"]
 
 
 class AdmissionError(Exception):
@@ -21,42 +32,6 @@ class AdmissionError(Exception):
 
 class UnknownSessionError(AdmissionError):
     """The session id has no placement."""
-
-
-@dataclass(frozen=True)
-class ReplicaReport:
-    """What a replica says about itself; `sessions` maps open session id -> context tokens."""
-
-    replica_id: str
-    kv_blocks_total: int
-    kv_blocks_used: int
-    block_size: int
-    sessions_active: int = 0
-    sessions_idle: int = 0
-    queue_depth: int = 0
-    sessions: dict[str, int] = field(default_factory=dict)
-    source_types: dict[str, str] = field(default_factory=dict)
-    node_id: str = ""
-    preemptions: int = 0
-
-    def __post_init__(self):
-        if self.kv_blocks_total <= 0 or self.block_size <= 0:
-            raise ValueError("kv_blocks_total and block_size must be positive")
-
-
-@dataclass
-class Placement:
-    session_id: str
-    replica_id: str
-    source_type: str
-    reserved_blocks: int
-
-
-@dataclass
-class _Waiter:
-    session_id: str
-    source_type: str
-    enqueued_at: float
 
 
 @dataclass(frozen=True)
@@ -80,141 +55,189 @@ class ClusterPressure:
         return self.kv_blocks_projected / self.kv_blocks_total if self.kv_blocks_total else 0.0
 
 
-class DemandModel:
-    """Expected context tokens per session, by source type (exponential moving average)."""
-
-    def __init__(self, priors: dict[str, int], default_tokens: int = 1024, alpha: float = 0.2):
-        if not 0.0 < alpha <= 1.0:
-            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
-        self._tokens = {k: float(v) for k, v in priors.items()}
-        self._default = float(default_tokens)
-        self._alpha = alpha
-        self.observations: dict[str, int] = {}
-
-    def expected_tokens(self, source_type: str) -> int:
-        return int(math.ceil(self._tokens.get(source_type, self._default)))
-
-    def observe(self, source_type: str, tokens: int) -> None:
-        seen = self.observations.get(source_type, 0)
-        old = self._tokens.get(source_type)
-        # The first real observation replaces a prior wholesale only when there is no prior.
-        self._tokens[source_type] = float(tokens) if old is None else old + self._alpha * (tokens - old)
-        self.observations[source_type] = seen + 1
-
-
-def blocks_for(tokens: int, block_size: int) -> int:
-    return -(-max(tokens, 0) // block_size)
-
-
 class AdmissionController:
-    """Routing by projected KV headroom, session affinity and a bounded admission queue."""
+    """Routing by projected KV headroom, session affinity and bounded admission queues."""
 
     def __init__(self, demand: DemandModel, max_queue: int = 16, stale_after_s: float = 10.0,
-                 reserve_frac: float = 0.0):
-        if max_queue < 0:
-            raise ValueError("max_queue must be >= 0")
+                 reserve_frac: float = 0.0, grace_s: float = 10.0, max_sessions: int = 1_000_000):
         self.demand = demand
-        self.max_queue = max_queue
-        self.stale_after_s = stale_after_s
-        self.reserve_frac = reserve_frac
-        self._reports: dict[str, ReplicaReport] = {}
-        self._reported_at: dict[str, float] = {}
+        self._index = ReplicaIndex(stale_after_s, reserve_frac)
         self._placements: dict[str, Placement] = {}
-        self._queue: OrderedDict[str, _Waiter] = OrderedDict()
+        self._queue = AdmissionQueues(max_queue)
+        self._dead: dict[str, float] = {}  # replica -> until when its (late) reports are ignored
         self.rejected = 0
+        self.dropped = 0                   # placements reconciled away (never opened, leaked, expired)
+        self.configure(max_queue=max_queue, grace_s=grace_s, max_sessions=max_sessions)
+
+    def configure(self, *, max_queue: int | None = None, stale_after_s: float | None = None,
+                  reserve_frac: float | None = None, grace_s: float | None = None,
+                  max_sessions: int | None = None, priors: dict[str, int] | None = None) -> None:
+        """Change settings in place (a redeploy); placements and learned demand are kept."""
+        if max_queue is not None and max_queue < 0:
+            raise ValueError("max_queue must be >= 0")
+        if max_sessions is not None and max_sessions <= 0:
+            raise ValueError("max_sessions must be > 0")
+        if max_queue is not None:
+            self._queue.max_queue = max_queue
+        self.grace_s = self.grace_s if grace_s is None else grace_s
+        self.max_sessions = self.max_sessions if max_sessions is None else max_sessions
+        if stale_after_s is not None:
+            self._index.stale_after_s = stale_after_s
+        if reserve_frac is not None and reserve_frac != self._index.reserve_frac:
+            self._index.reserve_frac = reserve_frac
+            self._index.rebuild()
+        if priors:
+            self.demand.set_priors(priors)
+
+    @property
+    def max_queue(self) -> int:
+        return self._queue.max_queue
+
+    @property
+    def stale_after_s(self) -> float:
+        return self._index.stale_after_s
 
     # ---- replica reports -------------------------------------------------------------------
     def report(self, report: ReplicaReport, now: float) -> None:
-        """Record a replica's report; sessions it holds that we do not know are adopted."""
-        self._reports[report.replica_id] = report
-        self._reported_at[report.replica_id] = now
-        for session_id in report.sessions:
-            if session_id not in self._placements:
-                source = report.source_types.get(session_id, "")
-                blocks = blocks_for(self.demand.expected_tokens(source), report.block_size)
-                self._placements[session_id] = Placement(session_id, report.replica_id, source, blocks)
+        """Record a report: adopt sessions we do not know, refresh sizes, drop what it no longer holds."""
+        rid = report.replica_id
+        if self._dead.get(rid, -math.inf) > now:
+            return  # a late report of a replica declared dead
+        r = self._index.replicas.get(rid)
+        if r is None:
+            r = self._index.replicas[rid] = ReplicaState(rid, report, now)
+        self._index.begin(r)
+        r.report = report
+        for sid, tokens in report.sessions.items():
+            p = self._placements.get(sid) or self._adopt(r, sid, now)
+            if p is None or p.replica_id != rid:
+                continue  # placed elsewhere (a recovery moved it): its new replica wins
+            r.growth -= p.growth
+            p.current_blocks, p.seen_at = blocks_for(tokens, report.block_size), now
+            r.growth += p.growth
+        for sid, p in list(r.placements.items()):
+            if sid not in report.sessions and self._expired(p, now):
+                self._unplace(r, p)
+                self.dropped += 1
+        self._index.commit(r, now)
 
-    def forget_replica(self, replica_id: str) -> list[str]:
-        """Drop a replica (dead); returns the sessions that were placed on it."""
-        self._reports.pop(replica_id, None)
-        self._reported_at.pop(replica_id, None)
-        lost = [p.session_id for p in self._placements.values() if p.replica_id == replica_id]
+    def _adopt(self, r: ReplicaState, sid: str, now: float) -> Placement | None:
+        if len(self._placements) >= self.max_sessions:
+            return None
+        source = r.report.source_types.get(sid, "")
+        blocks = blocks_for(self.demand.expected_tokens(source), r.report.block_size)
+        p = self._placements[sid] = r.placements[sid] = Placement(sid, r.replica_id, source, blocks, now)
+        r.growth += p.growth
+        return p
+
+    def _expired(self, p: Placement, now: float) -> bool:
+        if p.lease_until is not None:
+            return now > p.lease_until
+        return now - p.seen_at > self.grace_s
+
+    def _unplace(self, r: ReplicaState, p: Placement) -> None:
+        r.growth -= p.growth
+        r.placements.pop(p.session_id, None)
+        self._placements.pop(p.session_id, None)
+
+    def forget_replica(self, replica_id: str, now: float | None = None) -> list[str]:
+        """Drop a dead replica; returns its sessions. With `now`, its late reports are ignored a while."""
+        if now is not None:
+            self._dead = {k: t for k, t in self._dead.items() if t > now}
+            self._dead[replica_id] = now + self.stale_after_s
+        r = self._index.remove(replica_id)
+        lost = list(r.placements) if r is not None else []
         for session_id in lost:
-            del self._placements[session_id]
+            self._placements.pop(session_id, None)
         return lost
 
+    def set_draining(self, replica_id: str, draining: bool = True) -> int:
+        """A draining replica takes no new sessions; returns the sessions still placed on it."""
+        r = self._index.replicas.get(replica_id)
+        if r is None:
+            return 0
+        self._index.begin(r)
+        r.draining = draining
+        self._index.commit(r)
+        return len(r.placements)
+
+    def sessions_on(self, replica_id: str) -> int:
+        r = self._index.replicas.get(replica_id)
+        return len(r.placements) if r is not None else 0
+
     def live_replicas(self, now: float) -> list[str]:
-        return [r for r, t in self._reported_at.items() if now - t <= self.stale_after_s]
+        self._index.expire(now)
+        return self._index.live_ids()
 
     # ---- headroom ----------------------------------------------------------------------------
     def projected_used(self, replica_id: str) -> int:
         """Blocks used now plus what each session placed here is still expected to grow by."""
-        report = self._reports[replica_id]
-        growth = 0
-        for p in self._placements.values():
-            if p.replica_id != replica_id:
-                continue
-            now_blocks = blocks_for(report.sessions.get(p.session_id, 0), report.block_size)
-            growth += max(0, p.reserved_blocks - now_blocks)
-        return report.kv_blocks_used + growth
+        return self._index.replicas[replica_id].projected
 
     def headroom(self, replica_id: str) -> int:
-        report = self._reports[replica_id]
-        reserve = int(report.kv_blocks_total * self.reserve_frac)
-        return report.kv_blocks_total - reserve - self.projected_used(replica_id)
+        return self._index.replicas[replica_id].headroom(self._index.reserve_frac)
 
-    def choose_replica(self, source_type: str, now: float, exclude: tuple[str, ...] = ()) -> str | None:
-        """The live replica with the most projected headroom that fits the expected demand."""
-        best, best_room = None, None
-        for replica_id in sorted(self.live_replicas(now)):
-            if replica_id in exclude:
-                continue
-            need = blocks_for(self.demand.expected_tokens(source_type), self._reports[replica_id].block_size)
-            room = self.headroom(replica_id)
-            if room >= need and (best_room is None or room > best_room):
-                best, best_room = replica_id, room
-        return best
+    def choose_replica(self, source_type: str, now: float, exclude: tuple[str, ...] = (),
+                       tokens: int | None = None) -> str | None:
+        """The live replica with the most projected headroom, if the expected demand fits there."""
+        r = self._index.roomiest(now, exclude)
+        if r is None:
+            return None
+        need = blocks_for(self.demand.expected_tokens(source_type) if tokens is None else tokens,
+                          r.report.block_size)
+        return r.replica_id if r.headroom(self._index.reserve_frac) >= need else None
 
     # ---- sessions ----------------------------------------------------------------------------
-    def try_admit(self, session_id: str, source_type: str, now: float,
-                  exclude: tuple[str, ...] = ()) -> str | None:
-        """Place the session now if a replica fits and nobody queued is ahead of it."""
-        if session_id in self._placements:
-            return self._placements[session_id].replica_id
-        if self._queue and next(iter(self._queue)) != session_id:
+    def try_admit(self, session_id: str, source_type: str, now: float, exclude: tuple[str, ...] = (),
+                  **ask) -> str | None:
+        """Place the session now if a replica fits and nobody queued is ahead of it.
+
+        `ask` holds `Ask`'s optional fields (tokens, recovery, lease_s).
+        """
+        return self.admit_ask(Ask(session_id, source_type, tuple(exclude), **ask), now)
+
+    def admit_ask(self, ask: Ask, now: float) -> str | None:
+        p = self._placements.get(ask.session_id)
+        if p is not None:
+            if p.replica_id not in ask.exclude:
+                return p.replica_id  # affinity
+            self.release(ask.session_id)  # it flees that replica: the old placement goes
+        if not self._queue.may_go(ask) or len(self._placements) >= self.max_sessions:
             return None
-        replica_id = self.choose_replica(source_type, now, exclude)
+        replica_id = self.choose_replica(ask.source_type, now, ask.exclude, ask.tokens)
         if replica_id is None:
             return None
-        self._queue.pop(session_id, None)
-        self._place(session_id, replica_id, source_type)
+        self._queue.remove(ask.session_id)
+        tokens = self.demand.expected_tokens(ask.source_type) if ask.tokens is None else ask.tokens
+        lease_until = None if ask.lease_s is None else now + ask.lease_s
+        self._place(Placement(ask.session_id, replica_id, ask.source_type, 0, now, lease_until), tokens)
         return replica_id
 
-    def _place(self, session_id: str, replica_id: str, source_type: str) -> None:
-        block_size = self._reports[replica_id].block_size
-        blocks = blocks_for(self.demand.expected_tokens(source_type), block_size)
-        self._placements[session_id] = Placement(session_id, replica_id, source_type, blocks)
+    def _place(self, p: Placement, tokens: int) -> None:
+        r = self._index.replicas[p.replica_id]
+        self._index.begin(r)
+        p.replica_id, p.reserved_blocks = r.replica_id, blocks_for(tokens, r.report.block_size)
+        self._placements[p.session_id] = r.placements[p.session_id] = p
+        r.growth += p.growth
+        self._index.commit(r)
 
-    def enqueue(self, session_id: str, source_type: str, now: float) -> bool:
+    def enqueue(self, session_id: str, source_type: str, now: float, exclude: tuple[str, ...] = (),
+                **ask) -> bool:
         """Join the wait queue; False (and counted as rejected) when it is full."""
-        if session_id in self._queue:
-            return True
-        if len(self._queue) >= self.max_queue:
+        if not self._queue.add(Ask(session_id, source_type, tuple(exclude), **ask)):
             self.rejected += 1
             return False
-        self._queue[session_id] = _Waiter(session_id, source_type, now)
         return True
 
     def leave_queue(self, session_id: str, rejected: bool = True) -> None:
-        if self._queue.pop(session_id, None) is not None and rejected:
+        if self._queue.remove(session_id) and rejected:
             self.rejected += 1
 
     def drain(self, now: float) -> dict[str, str]:
-        """Admit queued sessions in FIFO order while they fit; returns session -> replica."""
+        """Admit queued sessions (recoveries first, FIFO) while they fit; returns session -> replica."""
         admitted = {}
-        while self._queue:
-            head = next(iter(self._queue.values()))
-            replica_id = self.try_admit(head.session_id, head.source_type, now)
+        while (head := self._queue.head()) is not None:
+            replica_id = self.admit_ask(head, now)
             if replica_id is None:
                 break
             admitted[head.session_id] = replica_id
@@ -222,6 +245,9 @@ class AdmissionController:
 
     def queued(self) -> int:
         return len(self._queue)
+
+    def session_count(self) -> int:
+        return len(self._placements)
 
     def placement(self, session_id: str) -> Placement:
         try:
@@ -231,44 +257,40 @@ class AdmissionController:
 
     def move(self, session_id: str, replica_id: str) -> None:
         """Re-place a session on another replica (recovery after its replica died)."""
-        placement = self.placement(session_id)
-        placement.replica_id = replica_id
+        p = self.placement(session_id)
+        if replica_id not in self._index.replicas:
+            raise AdmissionError(f"unknown replica {replica_id!r}")
+        tokens = p.reserved_blocks * self._index.replicas[replica_id].report.block_size
+        self.release(session_id)
+        self._place(Placement(session_id, replica_id, p.source_type, 0, p.seen_at, p.lease_until), tokens)
 
     def release(self, session_id: str, context_tokens: int | None = None) -> None:
         """The session ended; a finished one teaches the demand model its real size."""
-        placement = self._placements.pop(session_id, None)
-        if placement is not None and context_tokens is not None and context_tokens > 0:
-            self.demand.observe(placement.source_type, context_tokens)
+        p = self._placements.pop(session_id, None)
+        if p is None:
+            return
+        r = self._index.replicas.get(p.replica_id)
+        if r is not None:
+            self._index.begin(r)
+            self._unplace(r, p)
+            self._index.commit(r)
+        if context_tokens is not None and context_tokens > 0 and p.lease_until is None:
+            self.demand.observe(p.source_type, context_tokens)
 
     def retry_after_s(self, base_s: float = 1.0) -> int:
         """A hint for clients: longer when more sessions wait."""
-        return max(1, int(math.ceil(base_s * (1 + len(self._queue)))))
+        return max(1, int(math.ceil(base_s * (1 + self.queued()))))
 
     def pressure(self, now: float) -> ClusterPressure:
-        live = self.live_replicas(now)
-        return ClusterPressure(
-            replicas=len(live),
-            kv_blocks_total=sum(self._reports[r].kv_blocks_total for r in live),
-            kv_blocks_used=sum(self._reports[r].kv_blocks_used for r in live),
-            kv_blocks_projected=sum(self.projected_used(r) for r in live),
-            sessions=sum(1 for p in self._placements.values() if p.replica_id in live),
-            queued=len(self._queue),
-            rejected=self.rejected,
-        )
+        self._index.expire(now)
+        t = self._index.totals
+        return ClusterPressure(replicas=t.replicas, kv_blocks_total=t.kv_blocks_total,
+                               kv_blocks_used=t.kv_blocks_used, kv_blocks_projected=t.kv_blocks_projected,
+                               sessions=t.sessions, queued=self.queued(), rejected=self.rejected)
 
     def reports(self) -> dict[str, ReplicaReport]:
-        return dict(self._reports)
+        return {rid: r.report for rid, r in self._index.replicas.items()}
 
-
-def desired_replicas(current: int, pressure_frac: float, queued: int, target_frac: float,
-                     sessions_per_replica: float, min_replicas: int, max_replicas: int) -> int:
-    """Replicas needed to bring projected KV use to `target_frac`, plus room for the queue."""
-    if not 0.0 < target_frac <= 1.0:
-        raise ValueError(f"target_frac must be in (0, 1], got {target_frac}")
-    if current <= 0:
-        want = 1 if queued else min_replicas
-    else:
-        want = math.ceil(current * pressure_frac / target_frac) if pressure_frac > 0 else min_replicas
-        if queued:
-            want = max(want, current + math.ceil(queued / max(sessions_per_replica, 1.0)))
-    return max(min_replicas, min(max_replicas, want))
+    def is_draining(self, replica_id: str) -> bool:
+        r = self._index.replicas.get(replica_id)
+        return r is not None and r.draining

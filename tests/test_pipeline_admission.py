@@ -142,3 +142,128 @@ def test_bad_inputs_are_typed_errors():
     with pytest.raises(ValueError):
         AdmissionController(DemandModel({}), max_queue=-1)
     assert blocks_for(17, 16) == 2 and blocks_for(0, 16) == 0
+
+
+# ---- at scale: reconciliation, leases, recoveries, draining, bounded state, incremental sums ----
+
+def test_unopened_or_unreleased_placements_are_dropped_after_the_grace():
+    c = AdmissionController(DemandModel({"vector": 160}), grace_s=5.0)
+    c.report(report("a"), now=0)
+    assert c.try_admit("never_opened", "vector", now=0) == "a"
+    assert c.try_admit("open", "vector", now=0) == "a"
+    c.report(report("a", sessions={"open": 16}), now=4)  # inside the grace: both kept
+    assert c.session_count() == 2
+    c.report(report("a", sessions={"open": 16}), now=6)
+    assert c.session_count() == 1 and c.dropped == 1
+    assert c.projected_used("a") == 10 - 1  # only "open" is still expected to grow (10 - 1 blocks)
+    c.report(report("a"), now=10)  # "open" was last listed at 6: still in its grace
+    c.report(report("a"), now=12)
+    assert c.session_count() == 0 and c.pressure(now=12).sessions == 0 and c.headroom("a") == 100
+
+
+def test_one_shot_requests_hold_a_lease_not_listed_by_reports():
+    c = controller()
+    c.report(report("a"), now=0)
+    assert c.try_admit("req", "oneshot", now=0, tokens=320, lease_s=30.0) == "a"
+    assert c.projected_used("a") == 20  # reserved by its known size, not a learned demand
+    c.report(report("a"), now=20)
+    assert c.session_count() == 1
+    c.report(report("a"), now=31)
+    assert c.session_count() == 0
+    c.try_admit("req2", "oneshot", now=31, tokens=16, lease_s=30.0)
+    c.release("req2", context_tokens=5000)
+    assert c.demand.expected_tokens("oneshot") == 1024  # requests do not teach session demand
+
+
+def test_recoveries_go_first_and_never_back_to_the_replica_they_flee():
+    c = controller(max_queue=2)
+    c.report(report("a", used=85), now=0)
+    c.report(report("b", used=95), now=0)
+    assert c.try_admit("s", "vector", now=0) == "a"
+    assert c.try_admit("new", "vector", now=0) is None
+    c.enqueue("new", "vector", now=0)
+    # s flees a, although a has the most room; it waits for room elsewhere, ahead of "new".
+    assert c.try_admit("s", "vector", now=1, exclude=("a",), recovery=True) is None
+    assert c.enqueue("s", "vector", now=1, exclude=("a",), recovery=True)
+    with pytest.raises(UnknownSessionError):
+        c.placement("s")  # its old placement went when it fled
+    c.report(report("b", used=80), now=2)  # room for one on b; a has room too
+    assert c.drain(now=2) == {"s": "b", "new": "a"}
+
+
+def test_draining_replica_takes_no_new_sessions():
+    c = controller()
+    c.report(report("a"), now=0)
+    c.report(report("b", used=50), now=0)
+    assert c.try_admit("s1", "vector", now=0) == "a"
+    assert c.set_draining("a") == 1
+    assert c.try_admit("s2", "vector", now=0) == "b"
+    assert c.try_admit("s1", "vector", now=0) == "a"  # affinity still holds while it drains
+    c.release("s1")
+    assert c.sessions_on("a") == 0 and c.is_draining("a")
+    c.set_draining("a", False)
+    assert c.try_admit("s3", "vector", now=0) == "a"
+
+
+def test_state_is_bounded():
+    c = AdmissionController(DemandModel({}), max_queue=1, max_sessions=2)
+    c.report(report("a", sessions={f"x{i}": 16 for i in range(5)}), now=0)
+    assert c.session_count() == 2  # adoption stops at the cap
+    assert c.try_admit("new", "t", now=0) is None
+    d = DemandModel({})
+    for i in range(200):
+        d.observe(f"type{i}", 100)
+    assert len(d.observations) == 64
+
+
+def test_configure_changes_take_effect_and_late_reports_of_dead_replicas_are_ignored():
+    c = controller(max_queue=0)
+    c.report(report("a", used=95), now=0)
+    assert not c.enqueue("s", "vector", now=0)
+    c.configure(max_queue=3, reserve_frac=0.5, priors={"vector": 16})
+    assert c.enqueue("s", "vector", now=0) and c.headroom("a") == 100 - 50 - 95
+    c.forget_replica("a", now=1)
+    c.report(report("a"), now=2)  # in flight when it died
+    assert c.live_replicas(now=2) == []
+    c.report(report("a"), now=7)  # stale_after_s later: a replica that is back is used again
+    assert c.live_replicas(now=7) == ["a"]
+
+
+def test_incremental_sums_match_a_full_recount_under_random_operations():
+    import random
+
+    rng = random.Random(7)
+    c = AdmissionController(DemandModel({"x": 160, "y": 480}), max_queue=8, stale_after_s=3.0, grace_s=2.0)
+    sessions: dict[str, dict[str, int]] = {r: {} for r in "abcd"}
+    for step in range(2000):
+        now = step * 0.01
+        op, rid, sid = rng.random(), rng.choice("abcd"), f"s{rng.randrange(300)}"
+        if op < 0.4:
+            placed = c.try_admit(sid, rng.choice("xy"), now, exclude=(rng.choice("abcd"),))
+            if placed and rng.random() < 0.8:
+                sessions[placed][sid] = rng.randrange(600)
+        elif op < 0.7:
+            c.release(sid, rng.randrange(1, 600))
+            for held in sessions.values():
+                held.pop(sid, None)
+        elif op < 0.72:
+            c.set_draining(rid, rng.random() < 0.5)
+        else:
+            used = min(100, sum(blocks_for(t, 16) for t in sessions[rid].values()))
+            c.report(report(rid, used=used, sessions=dict(sessions[rid])), now=now)
+        p = c.pressure(now)
+        live = c.live_replicas(now)
+        reps = c.reports()
+        assert p.kv_blocks_used == sum(reps[r].kv_blocks_used for r in live)
+        placed = [c.placement(f"s{i}") for i in range(300) if _placed(c, f"s{i}")]
+        expected_projection = sum(reps[r].kv_blocks_used for r in live) + sum(
+            pl.growth for pl in placed if pl.replica_id in live)
+        assert p.kv_blocks_projected == expected_projection, step
+        assert p.sessions == sum(1 for pl in placed if pl.replica_id in live)
+
+
+def _placed(c, session_id):
+    try:
+        return c.placement(session_id) is not None
+    except UnknownSessionError:
+        return False
