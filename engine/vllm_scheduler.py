@@ -95,13 +95,22 @@ class PolicySchedulerMixin:
         return super().schedule(*args, **kwargs)
 
     def plan_and_apply(self) -> None:
-        """Order vLLM's queues by the policy and evict what the planner chose (see module doc)."""
-        ordered = self.book.ordered()
-        if not ordered:
+        """Order vLLM's queues by the policy and evict what the planner chose (see module doc).
+
+        The planner is consulted only when this step could need an eviction: vLLM's queues hold
+        every request with work (idle sessions are parked), and a step allocates at most one block
+        per `block_size` tokens of its budget plus one partial block per request it schedules, so
+        when that many blocks are free the planner would evict nothing. The fast path costs in
+        proportion to the requests that changed, not to the open sessions.
+        """
+        book = self.book
+        book.refresh()
+        with_work = len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)
+        if not with_work:
             return
-        blocks = _StepBlocks(self.kv_cache_manager.block_pool.get_num_free_blocks(), self.book.views)
-        decision = plan_step(ordered, blocks, self.step_budget)
-        if decision.preempted:
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        if free < self.step_budget.max_num_tokens // self.block_size + 1 + with_work:
+            decision = plan_step(book.ordered(), _StepBlocks(free, book.views), self.step_budget)
             now = time.monotonic()
             for preemption in decision.preempted:
                 self._evict(self.requests[preemption.request_id], now)

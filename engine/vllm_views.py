@@ -111,6 +111,11 @@ class ViewBook:
 
     def ordered(self) -> list[RequestView]:
         """Re-read the changed requests and return the policy's order of all live ones."""
+        self.refresh()
+        return self.queue.ordered()
+
+    def refresh(self) -> None:
+        """Re-read the requests that changed since the last call and re-key them."""
         if self._dirty:
             views, queue, block_size = self.views, self.queue, self.block_size
             for request_id, request in self._dirty.items():
@@ -118,10 +123,9 @@ class ViewBook:
                 fill_view(view, request, block_size)
                 queue.touch(view)
             self._dirty.clear()
-        return self.queue.ordered()
 
     def key(self, request_id: str) -> tuple:
-        """The policy's current key of a live request (as of the last `ordered()`)."""
+        """The policy's current key of a live request (as of the last `refresh()`)."""
         return self.queue.key_of(self.views[request_id])
 
     def __len__(self) -> int:
