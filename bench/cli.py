@@ -1,7 +1,7 @@
-"""`stream2llm bench`: replay traces over HTTP against the Serve app; TTFT per policy and mode, plots.
+"""`python -m bench.cli`: replay traces over HTTP against the Serve app; TTFT per policy and mode, plots.
 
-    stream2llm bench --workload crawler --requests 16 --qps 0.1,0.2 --policies fcfs,lcas
-    stream2llm bench --workload ~/.cache/stream2llm/traces/recorded_vector.csv --modes stream
+    python -m bench.cli --workload crawler --requests 16 --qps 0.1,0.2 --policies fcfs,lcas
+    python -m bench.cli --workload ~/.cache/stream2llm/traces/recorded_vector.csv --modes stream
 
 Writes `results.json` (config, per-cell aggregates and cluster time series, per-request summaries),
 `requests.csv` and PNG figures into `--out` (default: a new folder under the cache's `bench/`).
@@ -162,7 +162,7 @@ def run(args) -> int:
         spec = spec_from_args(args)
         spec.validate()
     except ValueError as e:  # BenchError, UnknownPolicyError, TraceFormatError
-        print(f"stream2llm bench: {e}", file=sys.stderr)
+        print(f"bench.cli: {e}", file=sys.stderr)
         return 2
     from stream2llm.paths import cache_path
 

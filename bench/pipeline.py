@@ -8,7 +8,7 @@ SmolLM2 on one CPU replica, crawler-shaped synthetic traces scaled to a CPU (abo
 By default a closed loop of `--clients` concurrent clients, each sending its next session when the
 previous one ended: the replica is never idle waiting for arrivals, so service time decides the
 rate and `throughput_ratio` (streaming / one-shot answered sessions per second of makespan, target
->= 0.95) can fail. Takes the same options as `stream2llm bench`, with these defaults.
+>= 0.95) can fail. Takes the same options as `python -m bench.cli`, with these defaults.
 TTFT is the client's: from the `retrieval_done` event to the first answer token over HTTP;
 `e2e_p50_s`/`e2e_p99_s` are whole sessions (send to last event), per mode; `serving` holds the
 `vllm bench serve` metrics (TTFT from `retrieval_done`; `--slo-ttft` for goodput).

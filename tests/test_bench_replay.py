@@ -1,4 +1,4 @@
-"""The HTTP replay benchmark: `stream2llm bench` end to end on the tiny model (real Ray, Serve and
+"""The HTTP replay benchmark: `python -m bench.cli` end to end on the tiny model (real Ray, Serve and
 HTTP on loopback), plus unit tests of its statistics, trace files and argument checks."""
 
 import argparse

@@ -1,0 +1,255 @@
+"""Markdown tables rendered from results files (pure): one function per results file, each taking
+the loaded JSON and returning the table that `docs/BENCHMARKS.md` (and the README) show.
+
+Every table ends with its provenance line (`provenance`): the file, and the run's commit, date,
+machine, model, dtype and seeds, or which of those the file does not record.
+"""
+
+from __future__ import annotations
+
+from bench.results_meta import META_KEY, missing_metadata
+
+MISSING = "n/a"
+
+
+def num(value, digits: int = 3, unit: str = "") -> str:
+    """A number with `digits` significant digits (thousands separated), or n/a."""
+    if value is None:
+        return MISSING
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}{unit}"
+    text = f"{value:,.{digits}g}" if abs(value) < 10 ** digits else f"{value:,.0f}"
+    return text + unit
+
+
+def seconds(value) -> str:
+    return num(value, 3, " s")
+
+
+def ms(value) -> str:
+    return num(value, 3, " ms")
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def known_from_file(data: dict) -> dict:
+    """Metadata a file written before `meta` existed states elsewhere (its own fields), else {}."""
+    config = data.get("config") or data.get("setup") or {}
+    known = {"date_utc": data.get("measured_at"), "model": config.get("model"), "dtype": config.get("dtype")}
+    return {k: v for k, v in known.items() if v}
+
+
+def provenance(name: str, data: dict) -> str:
+    """`Results: bench/results/NAME; commit ..., date, machine ...` and what the file does not record."""
+    meta = {**known_from_file(data), **(data.get(META_KEY) or {})}
+    parts = []
+    if meta.get("commit"):
+        parts.append(f"commit {meta['commit'][:10]}" + (" (uncommitted changes)" if meta.get("dirty") else ""))
+    if meta.get("date_utc"):
+        parts.append(meta["date_utc"][:16].replace("T", " ") + (" UTC" if META_KEY in data else ""))
+    machine = meta.get("machine") or {}
+    if machine:
+        load = f", load {machine['load_avg_before'][0]:.1f} -> {machine['load_avg_after'][0]:.1f}"
+        gpus = f", {len(machine['gpus'])} GPU(s) {machine['gpus'][0]}" if machine.get("gpus") else ""
+        parts.append(f"{machine['cores']} cores{gpus}{load}")
+    parts += [str(meta[k]) for k in ("model", "dtype") if meta.get(k)]
+    if meta.get("seeds") is not None:
+        parts.append(f"seeds {meta['seeds']}")
+    line = f"Results: `bench/results/{name}`" + (f"; {', '.join(parts)}" if parts else "")
+    missing = [k for k in missing_metadata(data) if not meta.get(k)]
+    if missing:
+        line += f". **Not recorded: {', '.join(missing)}**"
+        if meta.get("note"):
+            line += f" ({meta['note'].rstrip('.')})"
+    return line + "."
+
+
+def engine_ttft(data: dict) -> str:
+    rows = [[mode, seconds(data[mode]["ttft_p50_s"]), seconds(data[mode]["ttft_p95_s"])]
+            for mode in ("stream", "nonstream", "floor")]
+    cfg = data.get("config", {})
+    return (table(["", "TTFT p50", "TTFT p95"], rows) + "\n\n"
+            f"{cfg.get('sessions', MISSING)} sessions x {cfg.get('chunks', MISSING)} chunks of ~{cfg.get('chunk_tokens', MISSING)} "
+            f"tokens, {cfg.get('gap', MISSING)} s apart. `speedup_p50` {num(data['speedup_p50'])}, `floor_ratio_p50` "
+            f"{num(data['floor_ratio_p50'])} (target <= 1.3), `outputs_identical` {num(data['outputs_identical'])}"
+            + (f" ({num(data['identical_fraction'])} of sessions)" if "identical_fraction" in data else "") + ".")
+
+
+def pipeline(data: dict) -> str:
+    s, o = data["stream"], data["nonstream"]
+    keys = [("TTFT p50", "ttft_p50_s"), ("TTFT p95", "ttft_p95_s"), ("TTFT p99", "ttft_p99_s"),
+            ("end-to-end p50", "e2e_p50_s"), ("end-to-end p99", "e2e_p99_s"),
+            ("answered sessions per second", "sessions_per_s"), ("makespan", "makespan_s"),
+            ("pipeline overhead p50 (client minus engine TTFT)", "pipeline_overhead_p50_s")]
+    fmt = {"sessions_per_s": num, "pipeline_overhead_p50_s": lambda v: ms(_ms(v))}
+    rows = [[label, fmt.get(key, seconds)(s.get(key)), fmt.get(key, seconds)(o.get(key))] for label, key in keys]
+    rows += _serving_rows(s.get("serving"), o.get("serving"))
+    ratio = data.get("throughput_ratio")
+    verdict = MISSING if ratio is None else ("met" if ratio >= data.get("throughput_target", 0.95) else "**missed**")
+    return (table(["", "stream", "one-shot"], rows) + "\n\n"
+            f"Load: {data.get('load', 'open loop (Poisson)')}; {data.get('sessions', MISSING)} sessions per mode. "
+            f"`throughput_ratio` {num(ratio)} (target >= 0.95: {verdict}), `speedup_p50` {num(data['speedup_p50'])}, "
+            f"{data['failed']} failed, {data['rejected']} rejected.")
+
+
+def _serving_rows(s: dict | None, o: dict | None) -> list[list[str]]:
+    if not s or not o:
+        return []
+    keys = [("median / p99 TTFT (vLLM names)", "median_ttft_ms", "p99_ttft_ms"),
+            ("median / p99 TPOT", "median_tpot_ms", "p99_tpot_ms"),
+            ("median / p99 ITL", "median_itl_ms", "p99_itl_ms"),
+            ("median / p99 E2EL", "median_e2el_ms", "p99_e2el_ms")]
+    rows = [[label, f"{ms(s[a])} / {ms(s[b])}", f"{ms(o[a])} / {ms(o[b])}"] for label, a, b in keys]
+    if s.get("request_goodput") is not None:
+        rows.append([f"request goodput at {s['goodput_slos_ms']} ms", num(s["request_goodput"], 3, " req/s"),
+                     num(o["request_goodput"], 3, " req/s")])
+    return rows
+
+
+def replay_sweep(data: dict) -> str:
+    rows = [[c["policy"], c["mode"], num(c["qps"]), c["sessions"], c["answered"], c["rejected"], c["failed"],
+             ms(_ms(c["ttft_p50_s"])), ms(_ms(c["pipeline_overhead_p50_s"]))] for c in data["cells"]]
+    total = {k: sum(c[k] for c in data["cells"]) for k in ("sessions", "answered", "rejected", "failed")}
+    return (table(["policy", "mode", "QPS", "sessions", "answered", "rejected", "failed", "TTFT p50",
+                   "overhead p50"], rows) + "\n\n"
+            f"In all: {total['sessions']} requests, {total['answered']} answered, {total['rejected']} rejected (429), "
+            f"{total['failed']} failed; {num(data['wall_s'])} s.")
+
+
+def _ms(value):
+    return None if value is None else value * 1e3
+
+
+def _acc(a: dict) -> str:
+    return f"{num(a['rate'])} [{num(a['ci95'][0])}, {num(a['ci95'][1])}] ({a['correct']}/{a['n']})"
+
+
+def qa(data: dict) -> str:
+    rows = []
+    for name, s in data["sources"].items():
+        rows.append([name, "all", _acc(s["accuracy_stream"]), _acc(s["accuracy_oneshot"]),
+                     f"{s['identical_answers']}/{s['questions']}", f"{s['same_citations']}/{s['questions']}",
+                     num(s.get("tokens_prefilled_before_finish_p50")),
+                     f"{seconds(s['ttft_p50_s']['stream'])} / {seconds(s['ttft_p50_s']['oneshot'])}"])
+        if len(s["by_kind"]) > 1:
+            rows += [[name, kind, _acc(k["stream"]), _acc(k["oneshot"]), "", "", "", ""]
+                     for kind, k in s["by_kind"].items()]
+    return table(["source", "kind", "accuracy stream [95% CI]", "accuracy one-shot [95% CI]", "identical answers",
+                  "same citations", "tokens prefilled early (p50)", "TTFT p50 stream / one-shot"], rows)
+
+
+def reliability(data: dict) -> str:
+    c = data["counts"]
+    row = [c["offered"], c["answered"], c["rejected"], c["failed"], c.get("lost", MISSING), c["disconnected"],
+           data["recovered"]]
+    text = table(["offered", "answered", "rejected 429", "failed", "lost", "disconnected (on purpose)",
+                  "recovered after kill"], [row])
+    kill = data.get("kill", {})
+    text += (f"\n\nReplica kill: {'at ' + num(kill.get('at_s')) + ' s' if kill.get('killed') else 'not done'}; "
+             f"drained: {num(data['leaks'].get('drained'))}; latency p50 {seconds(data['latency_s']['p50'])}, "
+             f"p95 {seconds(data['latency_s']['p95'])}.")
+    if "serving" not in data:
+        text += " `lost` in this file is a subset of `failed` (recorded before they were separated)."
+    return text
+
+
+POLICY_ORDER = ("default_vllm", "fcfs", "lcas", "mcps", "tailguard")
+
+
+def policies(data: dict) -> str:
+    rows = []
+    for name, w in data["workloads"].items():
+        sim = w["sim"]
+        p99 = [num(sim["streaming"][p]["ttft_p99_s"]) for p in POLICY_ORDER if p in sim["streaming"]]
+        base = sim["non_streaming"]
+        rows.append([f"{name}: {w['num_requests']:,} requests, {num(w['delay'])}x delay, QPS {num(w['qps'])}",
+                     *p99, num(next(iter(base.values()))["ttft_p99_s"] if "ttft_p99_s" not in base
+                               else base["ttft_p99_s"])])
+    return table(["scenario (P99 TTFT, s)", *POLICY_ORDER, "non-streaming"], rows)
+
+
+def scheduler_overhead(data: dict) -> str:
+    sizes = sorted({int(n) for per in data["us_per_step"].values() for n in per})
+    rows = [[p, *(num(per.get(str(n))) for n in sizes)] for p, per in data["us_per_step"].items()]
+    return (table(["policy", *(f"µs per step at {n:,} requests" for n in sizes)], rows) + "\n\n"
+            f"{data['changed_per_step']} requests changing per step, {data['statistic']} of {data['repeats']}.")
+
+
+def retrievers(data: dict) -> str:
+    c, v = data["crawler"], data["vector"]
+    rows = [["crawler, local site with zero latency", num(c["zero_latency"]["pages_per_s"], 3, " pages/s")],
+            ["extraction during the crawl / one thread, warm",
+             f"{ms(c['zero_latency']['extract_ms_per_page_in_crawl'])} / {ms(c['extract_ms_per_page_serial'])} per page"],
+            ["crawler at workload latency: first page / whole query (median)",
+             f"{seconds(c['workload_latency']['first_page_s_median'])} / {seconds(c['workload_latency']['query_s_median'])}"],
+            ["embedding (all-MiniLM-L6-v2, CPU)", num(v["embedding_chunks_per_s"], 3, " chunks/s")],
+            ["vector: first / final result / exact search (p50, query embedding included)",
+             f"{ms(v['first_result_ms_p50'])} / {ms(v['final_result_ms_p50'])} / {ms(v['exact_search_ms_p50'])}"],
+            [f"recall@{v['k']} on {v['questions']} grounded questions, final / first event",
+             f"{num(v['recall_at_5'])} / {num(v['recall_at_5_first_event'])}"],
+            ["final progressive event equal to exact search", num(v["final_equals_exact"])]]
+    return table(["measure", "value"], rows) + f"\n\nIndex: {v['documents']:,} documents, {v['chunks']:,} chunks."
+
+
+def _policy_cells(results: dict) -> list[list[str]]:
+    rows = []
+    for mode in ("non_streaming", "streaming"):
+        for policy, r in results.get(mode, {}).items():
+            label = "non-streaming" if mode == "non_streaming" else policy
+            rows.append([label, f"{num(r['ttft_p50_s'])} / {num(r['ttft_p95_s'])} / {num(r['ttft_p99_s'])}",
+                         r["preemptions"], num(r["makespan_s"])])
+    return rows
+
+
+def engine_policies(data: dict) -> str:
+    """Policies on the real CPU engine (`policies.json` workloads.crawler.engine), every stored run."""
+    e = data["workloads"]["crawler"]["engine"]
+    runs = [*e.get("earlier_runs", []), e]
+    parts = []
+    for i, run in enumerate(runs, 1):
+        parts.append(f"Run {i} of {len(runs)}: TTFT p50 / p95 / p99 (s), preemptions, makespan (s)\n\n"
+                     + table(["policy", "TTFT p50 / p95 / p99", "preemptions", "makespan"],
+                             _policy_cells(run["results"])))
+    err = e.get("sim_vs_engine", {})
+    parts.append(f"{e['sessions']} sessions, QPS {num(e['qps'])}, seed {e['seed']}, {e['kv_tokens']:,} KV tokens, "
+                 f"{e['model']}. Simulator vs engine (same trace, calibrated cost model): median relative error "
+                 f"of p50 and p95 {num(err.get('median_abs_rel_error_p50_p95'))}, max "
+                 f"{num(err.get('max_abs_rel_error_p50_p95'))}, tolerance {num(err.get('tolerance_rel'))}: "
+                 f"{'within' if err.get('within_tolerance') else '**outside**'}.")
+    return "\n\n".join(parts)
+
+
+def cost_model(data: dict) -> str:
+    """The calibrated CPU cost model stored with the engine-policy run (`stream2llm calibrate`)."""
+    cm = data["workloads"]["crawler"]["engine"]["cost_model"]
+    rows = [[f"{int(n):,}", ms(s * 1e3)] for n, s in cm["recompute"]]
+    decode = ", ".join(f"batch {int(b)}: {ms(s * 1e3)}" for b, s in cm["decode_step"])
+    return (table(["prompt tokens", "prefill latency"], rows) + f"\n\nDecode step: {decode}. "
+            f"Swap: {'measured' if cm.get('swap_in') else 'unavailable'}. {cm.get('notes', '')}")
+
+
+def readme_figures(engine: dict, gap2: dict, pipe: dict, qa_data: dict, rel: dict) -> str:
+    """The README's headline figures, each from its results file."""
+    rows = [[f"8 x 800 tokens, {engine['config']['gap']} s gaps", seconds(engine["stream"]["ttft_p50_s"]),
+             seconds(engine["nonstream"]["ttft_p50_s"]), seconds(engine["floor"]["ttft_p50_s"]),
+             num(engine["speedup_p50"]), num(engine["floor_ratio_p50"])],
+            [f"same, {gap2['config']['gap']} s gaps", seconds(gap2["stream"]["ttft_p50_s"]),
+             seconds(gap2["nonstream"]["ttft_p50_s"]), seconds(gap2["floor"]["ttft_p50_s"]),
+             num(gap2["speedup_p50"]), num(gap2["floor_ratio_p50"])]]
+    vector = qa_data["sources"]["vector"]
+    c = rel["counts"]
+    return (table(["engine workload", "TTFT stream p50", "one-shot p50", "floor p50", "speedup", "stream / floor"],
+                  rows) + "\n\n"
+            f"- `bench.pipeline` ({pipe.get('load', 'open loop')}): TTFT p50 {seconds(pipe['stream']['ttft_p50_s'])} "
+            f"streamed vs {seconds(pipe['nonstream']['ttft_p50_s'])} one-shot; throughput ratio "
+            f"{num(pipe.get('throughput_ratio'))} (target >= 0.95).\n"
+            f"- `bench.qa` (vector source, strict judge): accuracy {_acc(vector['accuracy_stream'])} streamed, "
+            f"{vector['identical_answers']}/{vector['questions']} identical answers in the two modes.\n"
+            f"- `bench.reliability`: {c['offered']} sessions, {c['answered']} answered, {c['failed']} failed, "
+            f"{c.get('lost', MISSING)} lost, {c['disconnected']} disconnected on purpose.")
