@@ -3,7 +3,16 @@
 Ray 2.60 accepts a policy function (`AutoscalingPolicy(policy_function=...)`) that receives an
 `AutoscalingContext` with the custom metrics replicas return from `record_autoscaling_stats`.
 Replicas report their own KV use and the central scheduler's view (projected KV use of the cluster,
-sessions waiting for admission). Serve applies min/max, delays and scaling factors around it.
+sessions waiting for admission). Serve 2.60 wraps every deployment-level policy, this one included,
+with `ray.serve.autoscaling_policy._apply_autoscaling_config` (`DeploymentAutoscalingState.register`):
+scaling factors, min/max and the upscale/downscale delays apply to its decision
+(tests/test_autoscale_policy.py drives it through that wrapper).
+
+Scale to zero is refused (`ReplicaSettings` rejects `min_replicas=0`): sessions are admitted by the
+central scheduler before any call reaches a replica, so Serve's cold-start path (requests queued at
+handles) never sees them. On scale-down Serve stops a replica of its choosing; the replica's shutdown
+marks it draining at the central scheduler (no new sessions) and waits for its open sessions
+(`pipeline.central_client.drain_replica`, bounded by `replicas.drain_timeout_s`).
 """
 
 from __future__ import annotations

@@ -113,6 +113,25 @@ class CentralScheduler:
         """
         return await self.admit(request_id, ONESHOT_SOURCE, timeout_s, tokens=tokens, lease_s=self._lease_s)
 
+    def batch(self, releases: list, asks: list[dict]) -> list[dict | None]:
+        """Many releases ([session_id, context_tokens]) then many admissions without waiting.
+
+        Each ask holds `admit`'s arguments but `timeout_s`; its result is {"replica_id"}, or None
+        when it could not be placed at once (the caller then waits with `admit`).
+        See `pipeline.central_client.CentralClient`.
+        """
+        now = time.monotonic()
+        for session_id, context_tokens in releases:
+            self._ctl.release(session_id, context_tokens)
+        self._wake()
+        out = []
+        for ask in asks:
+            ask = dict(ask)
+            replica_id = self._ctl.try_admit(ask.pop("session_id"), ask.pop("source_type"), now,
+                                             tuple(ask.pop("exclude", ())), **ask)
+            out.append(None if replica_id is None else {"replica_id": replica_id})
+        return out
+
     def _rejection(self, reason: str) -> dict:
         return {"rejected": reason, "retry_after_s": self._ctl.retry_after_s()}
 

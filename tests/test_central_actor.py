@@ -89,3 +89,42 @@ def _started_at(handle):
         return ray.get(handle.ping.remote(), timeout=5)["started_at"]
     except Exception:
         return None
+
+
+def test_drain_replica_stops_placements_and_waits_for_open_sessions(central):
+    from pipeline.central_client import drain_replica
+
+    ray.get(central.report.remote(report("d1")))
+    ray.get(central.report.remote(report("d2", used=90)))
+    open_sessions = {"x", "y"}
+
+    async def scenario():
+        async def finish_later():
+            for sid in list(open_sessions):
+                await asyncio.sleep(0.2)
+                open_sessions.discard(sid)
+        finisher = asyncio.create_task(finish_later())
+        left = await drain_replica(central, "d1", lambda: len(open_sessions), timeout_s=60, poll_s=0.05)
+        await finisher
+        return left
+
+    assert asyncio.run(scenario()) == 0 and not open_sessions
+    assert ray.get(central.replicas.remote())["d1"]["draining"] is True
+    assert "d1" != ray.get(central.admit.remote("after-drain", "client", 0.5, tokens=16)).get("replica_id")
+    assert asyncio.run(drain_replica(central, "d1", lambda: 1, timeout_s=0.3, poll_s=0.05)) == 1
+
+
+def test_batched_client_admits_and_releases_in_few_calls(central):
+    from pipeline.central_client import CentralClient
+
+    ray.get(central.report.remote(report("c1")))
+
+    async def scenario():
+        client = CentralClient(central)
+        decisions = await asyncio.gather(*(client.admit(f"b{i}", "client", 5.0, tokens=16) for i in range(40)))
+        await asyncio.gather(*(client.release(f"b{i}") for i in range(40)))
+        return decisions, client.calls
+
+    decisions, calls = asyncio.run(scenario())
+    assert all("replica_id" in d for d in decisions) and calls <= 10
+    assert all(ray.get(central.lookup.remote(f"b{i}")) is None for i in range(40))

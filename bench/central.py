@@ -1,0 +1,176 @@
+"""Central scheduler at cluster scale, through the real Ray actor (no model).
+
+    python -m bench.central [--quick]  ->  bench/results/central.json
+
+256 simulated replicas report every second (each report lists its ~78 open sessions, so the actor
+refreshes 20,000 session sizes per second), 20,000 sessions stay open, and load generators (Ray
+actors in their own processes, a fixed number of concurrent callers each) admit a new session and
+release it again as fast as the actor answers. Latency is measured by the caller around the
+`admit` call (Ray round trip included). Targets: `admits_per_s` >= 5,000, `admit_p99_ms` < 5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import ray
+
+from bench.results_meta import start_run, write_results
+from pipeline.central import get_or_create_scheduler
+from pipeline.central_client import CentralClient
+from pipeline.config import AppConfig
+
+RESULTS = Path(__file__).parent / "results" / "central.json"
+REPLICAS = 256
+OPEN_SESSIONS = 20_000
+REPORT_INTERVAL_S = 1.0
+BLOCKS_PER_REPLICA = 40_000   # room for the open sessions plus the churn at the learned demand
+TARGETS = {"admits_per_s": 5000, "admit_p99_ms": 5.0}
+
+
+@ray.remote(num_cpus=0)
+class Reporter:
+    """Opens the long-lived sessions, then reports every replica once per interval."""
+
+    def __init__(self, scheduler, replicas: int, sessions: int):
+        self.scheduler, self.replicas = scheduler, [f"replica-{i:03d}" for i in range(replicas)]
+        self.held: dict[str, dict[str, int]] = {r: {} for r in self.replicas}
+        self.sessions, self.rounds, self.late, self.stopped = sessions, 0, 0, False
+
+    def _report(self, rid: str) -> dict:
+        held = self.held[rid]
+        return {"replica_id": rid, "kv_blocks_total": BLOCKS_PER_REPLICA, "kv_blocks_used": len(held) * 64,
+                "block_size": 16, "sessions": held, "source_types": dict.fromkeys(held, "client")}
+
+    async def open_sessions(self) -> int:
+        async def one(i):
+            decision = await self.scheduler.admit.remote(f"open-{i}", "client", 30.0)
+            if "replica_id" not in decision:
+                raise RuntimeError(f"could not open session {i}: {decision}")
+            self.held[decision["replica_id"]][f"open-{i}"] = 1024
+        for start in range(0, self.sessions, 500):
+            await asyncio.gather(*(one(i) for i in range(start, min(start + 500, self.sessions))))
+        return sum(len(h) for h in self.held.values())
+
+    async def run(self) -> dict:
+        """Each replica reports once per interval, spread over the interval as real ones are."""
+        await asyncio.gather(*(self.scheduler.report.remote(self._report(r)) for r in self.replicas))
+        gap = REPORT_INTERVAL_S / len(self.replicas)
+        while not self.stopped:
+            start = time.monotonic()
+            for i, rid in enumerate(self.replicas):
+                await asyncio.sleep(max(0.0, start + i * gap - time.monotonic()))
+                self.scheduler.report.remote(self._report(rid))  # replicas do not wait on each other
+            self.rounds += 1
+            if time.monotonic() - start > 1.5 * REPORT_INTERVAL_S:
+                self.late += 1
+        return {"report_rounds": self.rounds, "late_rounds": self.late}
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+@ray.remote(num_cpus=0)
+class LoadGenerator:
+    """`concurrency` callers, each admitting a new session then releasing it, until the deadline."""
+
+    def __init__(self, scheduler, name: str, batched: bool):
+        self.scheduler, self.name = (CentralClient(scheduler) if batched else scheduler), name
+        self.batched = batched
+
+    async def run(self, concurrency: int, duration_s: float) -> dict:
+        latencies: list[float] = []
+        rejected = 0
+        end = time.monotonic() + duration_s
+
+        async def caller(c):
+            nonlocal rejected
+            n = 0
+            while time.monotonic() < end:
+                sid = f"{self.name}-{c}-{n}"
+                n += 1
+                t0 = time.perf_counter()
+                decision = await self._call("admit", sid, "client", 5.0)
+                latencies.append(time.perf_counter() - t0)
+                if "rejected" in decision:
+                    rejected += 1
+                await self._call("release", sid, 1024)
+        started = time.monotonic()
+        await asyncio.gather(*(caller(c) for c in range(concurrency)))
+        calls = self.scheduler.calls if self.batched else 2 * len(latencies)
+        return {"latencies": latencies, "rejected": rejected, "elapsed_s": time.monotonic() - started,
+                "actor_calls": calls}
+
+    def _call(self, method: str, *args):
+        fn = getattr(self.scheduler, method)
+        return fn(*args) if self.batched else fn.remote(*args)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def measure(scheduler, batched: bool, generators: int, concurrency: int, duration_s: float) -> dict:
+    mode = "b" if batched else "u"
+    gens = [LoadGenerator.remote(scheduler, f"{mode}{i}", batched) for i in range(generators)]
+    results = ray.get([g.run.remote(concurrency, duration_s) for g in gens])
+    latencies = [x for r in results for x in r["latencies"]]
+    elapsed = max(r["elapsed_s"] for r in results)
+    return {
+        "batched": batched, "duration_s": round(elapsed, 2), "generators": generators,
+        "concurrency_per_generator": concurrency, "admits": len(latencies),
+        "rejected": sum(r["rejected"] for r in results),
+        "actor_calls_per_admit": round(sum(r["actor_calls"] for r in results) / max(1, len(latencies)), 3),
+        "admits_per_s": round(len(latencies) / elapsed, 1),
+        "admit_p50_ms": round(1000 * percentile(latencies, 0.50), 3),
+        "admit_p99_ms": round(1000 * percentile(latencies, 0.99), 3),
+    }
+
+
+def run(duration_s: float, generators: int, concurrency: int) -> dict:
+    """Headline: batched callers (`CentralClient`, as the ingress uses); also one call per operation."""
+    config = AppConfig.model_validate({"limits": {"max_queue": 1024},
+                                       "scheduler": {"actor_name": "bench_central", "reserve_frac": 0.0}})
+    scheduler = get_or_create_scheduler(config)
+    reporter = Reporter.remote(scheduler, REPLICAS, OPEN_SESSIONS)
+    reporting = reporter.run.remote()
+    opened = ray.get(reporter.open_sessions.remote())
+    time.sleep(REPORT_INTERVAL_S)  # a full round of reports listing the open sessions before measuring
+    batched = measure(scheduler, True, generators, concurrency, duration_s)
+    unbatched = measure(scheduler, False, generators, concurrency, duration_s / 2)
+    pressure = ray.get(scheduler.pressure.remote())
+    ray.get(reporter.stop.remote())
+    reports = ray.get(reporting)
+    return {"replicas": REPLICAS, "open_sessions": opened, "report_interval_s": REPORT_INTERVAL_S,
+            **batched, "unbatched": unbatched, "sessions_after": pressure["sessions"],
+            "replicas_live_after": pressure["replicas"], **reports}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="5 s of load instead of 20 s")
+    ap.add_argument("--generators", type=int, default=2, help="load generator processes")
+    ap.add_argument("--concurrency", type=int, default=16, help="concurrent callers per generator")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    meta = start_run(model=None, dtype=None, seeds=[])
+    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, namespace="stream2llm")
+    try:
+        report = run(5.0 if args.quick else 20.0, args.generators, args.concurrency)
+    finally:
+        ray.shutdown()
+    report["targets"] = TARGETS
+    report["met"] = {"admits_per_s": report["admits_per_s"] >= TARGETS["admits_per_s"],
+                     "admit_p99_ms": report["admit_p99_ms"] < TARGETS["admit_p99_ms"]}
+    write_results(args.out, report, meta)
+    print({k: v for k, v in report.items() if k != "targets"})
+    return report
+
+
+if __name__ == "__main__":
+    main()
