@@ -18,7 +18,7 @@ from vllm.engine.protocol import StreamingInput
 from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 
-from engine.vllm_views import OPENED_ARG, PARTIAL_TURN_ARG
+from engine.vllm_views import DEFERRED_TURN, OPENED_ARG, PARTIAL_TURN_ARG, RECOMPUTED_KEY
 
 # The mark tells the scheduler plug-in that this turn is not the question (`engine.vllm_views`).
 _PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA,
@@ -50,7 +50,10 @@ class LiveRequest:
         self.first_answer_at: float | None = None
         self._prefilled = asyncio.Event()
         self._prefilled.set()
-        self.is_replacement = False  # started by an update: its prefill counts as recomputation
+        # Tokens of this request's first input that an earlier request of the session had already
+        # computed (the common prefix of an update): what the prefix cache misses of them is recomputed.
+        self.reusable_tokens = 0
+        self.engine_recomputed = 0  # recomputed after evictions/preemptions, reported by the scheduler
         self._task = asyncio.create_task(self._read())
 
     def add_context(self, token_ids: list[int]) -> None:
@@ -74,16 +77,19 @@ class LiveRequest:
 
     @property
     def recomputed_tokens(self) -> int:
-        """Tokens of a replacement's first input that the prefix cache could not supply."""
-        if not self.is_replacement or self.cached_tokens is None or not self._turn_lengths:
-            return 0
-        return max(0, self._turn_lengths[0] - self.cached_tokens)
+        """Tokens computed again: the part of the reusable prefix the prefix cache could not supply,
+        plus what the scheduler recomputed after evicting or preempting this request. New
+        context is never counted here."""
+        missed = max(0, self.reusable_tokens - self.cached_tokens) if self.cached_tokens is not None else 0
+        return missed + self.engine_recomputed
 
     @property
     def all_prefilled(self) -> bool:
         return self.prefilled_tokens >= self._context_len
 
     async def wait_prefilled(self) -> None:
+        """Until every context chunk given so far was taken in: prefilled, or (a stream degraded
+        to one-shot under memory pressure) accepted to be prefilled with the question."""
         waiter = asyncio.ensure_future(self._prefilled.wait())
         done, _ = await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
         if waiter not in done:
@@ -142,14 +148,19 @@ class LiveRequest:
         self.started.set()
         if self.cached_tokens is None and output.num_cached_tokens is not None:
             self.cached_tokens = output.num_cached_tokens
+        if output.finished and output.kv_transfer_params:
+            self.engine_recomputed = output.kv_transfer_params.get(RECOMPUTED_KEY, 0)
         completion = output.outputs[0]
         answer_ids = []
+        deferred = completion.stop_reason == DEFERRED_TURN  # accepted, to be prefilled with the question
         for token in completion.token_ids:
             if self._tokens_seen < len(self._turn_lengths):
-                self.prefilled_tokens = self._turn_lengths[self._tokens_seen]
-                if self._on_prefilled:
-                    self._on_prefilled(self.prefilled_tokens)
-                if self.prefilled_tokens >= self._context_len:
+                turn_end = self._turn_lengths[self._tokens_seen]
+                if not deferred:
+                    self.prefilled_tokens = turn_end
+                    if self._on_prefilled:
+                        self._on_prefilled(turn_end)
+                if turn_end >= self._context_len:
                     self._prefilled.set()
             elif self._final_submitted:
                 answer_ids.append(token)

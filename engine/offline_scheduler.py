@@ -59,6 +59,8 @@ class Driver:
         self.tokens = itertools.count(1000)
         self.finished: set[str] = set()
         self.outputs: dict[str, list[int]] = {}
+        self.kv_params: dict[str, dict] = {}  # final outputs' kv_transfer_params, by request
+        self.stop_reasons: dict[str, list] = {}  # stop reason of every turn's end, by request
 
     def turn(self, rid: str, n: int, params=PARTIAL, resumable: bool = True) -> None:
         ids = [next(self.tokens) % 5000 for _ in range(n)]
@@ -81,6 +83,10 @@ class Driver:
         for outputs in self.s.update_from_output(out, runner).values():
             for o in outputs.outputs:
                 self.outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
+                if o.finish_reason is not None:
+                    self.stop_reasons.setdefault(o.request_id, []).append(o.stop_reason)
+                if o.kv_transfer_params:
+                    self.kv_params[o.request_id] = o.kv_transfer_params
                 if o.finish_reason is not None:
                     self.finished.add(o.request_id)
         return out

@@ -103,15 +103,17 @@ class VLLMStreamingEngine(StreamingEngine):
         if num_tokens > self.context_limit:
             raise ContextTooLongError(num_tokens, self.context_limit, session_closed=False)
 
-    def _start_request(self, session: Session, replacement: bool = False):
+    def _start_request(self, session: Session, reusable: int | None = None):
+        """A new engine request for `session`; `reusable`: for one that replaces an earlier request,
+        how many leading tokens of its input that one had computed (it keeps the session's place)."""
         from engine.live_request import LiveRequest
 
         def on_prefilled(tokens: int) -> None:
             if session.state is SessionState.OPEN or session.stats.finish_at is None:
                 session.stats.tokens_prefilled_before_finish = tokens
 
-        session.request = LiveRequest(self._llm, on_prefilled, session.opened_at if replacement else None)
-        session.request.is_replacement = replacement  # its prefill counts as recomputation
+        session.request = LiveRequest(self._llm, on_prefilled, None if reusable is None else session.opened_at)
+        session.request.reusable_tokens = reusable or 0
         return session.request
 
     def _note_chunk(self, session: Session) -> None:
@@ -144,8 +146,7 @@ class VLLMStreamingEngine(StreamingEngine):
         session.stats.tokens_invalidated += len(session.context) - keep
         old, session.request, session.context = session.request, None, []
         if ids:
-            request = self._start_request(session, replacement=True)
-            request.add_context(ids)
+            self._start_request(session, min(keep, old.prefilled_tokens) if old else 0).add_context(ids)
             session.context = ids
         self._retire(session, old)
         self._note_chunk(session)
@@ -179,7 +180,7 @@ class VLLMStreamingEngine(StreamingEngine):
             # parameters: a seed on a later turn would be ignored. Honour it with a fresh request
             # for context + question; the live one is kept until then, so its KV is shared.
             old, session.request = request, None
-            request = self._start_request(session, replacement=True)
+            request = self._start_request(session, reusable=len(session.context))
             ids = session.context + ids
             session.context = []
             self._retire(session, old)

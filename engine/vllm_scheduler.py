@@ -38,7 +38,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import RequestStatus
 
-from engine.vllm_views import ViewBook
+from engine.vllm_sessions import SessionParkingMixin
+from engine.vllm_views import RECOMPUTED_KEY, ViewBook
 from scheduler.planner import StepBudget, plan_step
 from scheduler.policies import make_policy
 
@@ -86,8 +87,9 @@ class PolicySchedulerMixin:
                              "scheduling policy 'fcfs' (its 'priority' queue cannot be reordered)")
         self.book = ViewBook(self.stream_policy, self.block_size)
         self.step_budget = StepBudget(self.max_num_scheduled_tokens, self.block_size)
-        self.parked: dict[str, object] = {}  # idle sessions kept outside vLLM's queues and slots
-        self._settled: set[str] = set()  # parked sessions whose KV was evicted (throwaway trimmed)
+        self.init_sessions()
+        self._debt: dict[str, int] = {}  # tokens computed when last evicted/preempted, not yet back
+        self._recomputed: dict[str, int] = {}  # per request: tokens computed again after that
 
     # ---- the step ----------------------------------------------------------------------
     def schedule(self, *args, **kwargs):
@@ -129,6 +131,7 @@ class PolicySchedulerMixin:
     # ---- eviction ----------------------------------------------------------------------
     def _evict(self, request, now: float) -> None:
         """Free the request's KV; it recomputes (prefix cache permitting) when it runs again."""
+        self._owe(request)
         if request.status == _RUNNING:
             self.running.remove(request)
             self._preempt_request(request, now)  # vLLM's own: back to the front of `waiting`
@@ -147,59 +150,22 @@ class PolicySchedulerMixin:
             request.record_event(EngineCoreEventType.PREEMPTED, now)
 
     def _preempt_request(self, request, timestamp: float, drop_stale_output: bool = False) -> None:
+        self._owe(request)
         super()._preempt_request(request, timestamp, drop_stale_output)
         self.book.mark(request)
 
-    def _settle_idle_session(self, request) -> None:
-        """Drop the turn's throwaway sampled token now, as vLLM does when the next chunk comes.
+    def _owe(self, request) -> None:
+        """Remember what an eviction throws away; `_update_after_schedule` settles it."""
+        if request.num_computed_tokens:
+            rid = request.request_id
+            self._debt[rid] = max(self._debt.get(rid, 0), request.num_computed_tokens)
 
-        vLLM uses `num_computed_tokens` as the frontier of what to keep when the next chunk
-        arrives; eviction resets it to 0, so the trim is done here and skipped later.
-        """
-        frontier = request.num_computed_tokens
-        kept = request._all_token_ids[request.num_prompt_tokens:frontier]
-        del request._all_token_ids[frontier:]
-        del request.block_hashes[frontier // self.hash_block_size:]
-        request._output_token_ids.clear()
-        request.prompt_token_ids.extend(kept)
-        request.num_prompt_tokens = len(request.prompt_token_ids)
-        self._settled.add(request.request_id)
-
-    # ---- streaming sessions: park idle ones, resume them on their next chunk ---------------
-    def _handle_stopped_request(self, request) -> bool:
-        finished = super()._handle_stopped_request(request)
-        if not finished:
-            if request.status == _IDLE:
-                self._park(request)
-            self.book.mark(request)
-        return finished
-
-    def _park(self, request) -> None:
-        """Take an idle session out of vLLM's queues and its running-slot count (see module doc)."""
-        queue = self.kv_holding_waiting if self._holds_kv_blocks(request) else self.waiting
-        queue.remove_request(request)
-        self.deferred_waiting.discard(request)
-        self.num_waiting_for_streaming_input -= 1
-        # The model runner drops its per-request slot for preempted ids; the session's next turn
-        # is sent to it as a new request with all its tokens, as vLLM sends every resumed stream.
-        self.reset_preempted_req_ids.add(request.request_id)
-        self.parked[request.request_id] = request
-
-    def _update_request_as_session(self, session, update) -> None:
-        request_id = session.request_id
-        was_parked = self.parked.pop(request_id, None) is not None
-        if was_parked:
-            self.num_waiting_for_streaming_input += 1  # vLLM's update takes it off again
-        if request_id in self._settled:
-            self._settled.discard(request_id)
-            session.num_computed_tokens = session.num_tokens  # already trimmed: keep every token
-            super()._update_request_as_session(session, update)
-            session.num_computed_tokens = 0  # its KV is gone: prefill again (prefix cache permitting)
-        else:
-            super()._update_request_as_session(session, update)
-        self.book.chunk(session, update.arrival_time)
-        if was_parked:
-            self._enqueue_waiting_request(session)
+    def _settle_debt(self, request_id: str) -> None:
+        """At re-admission: tokens thrown away minus what the prefix cache gave back."""
+        debt = self._debt.pop(request_id, 0)
+        if debt:
+            hits = self.requests[request_id].num_computed_tokens
+            self._recomputed[request_id] = self._recomputed.get(request_id, 0) + max(0, debt - hits)
 
     # ---- bookkeeping -----------------------------------------------------------------------
     def add_request(self, request) -> None:
@@ -208,37 +174,40 @@ class PolicySchedulerMixin:
         if is_new:
             self.book.open(request)
 
-    def finish_requests(self, request_ids, finished_status):
-        ids = (request_ids,) if isinstance(request_ids, str) else request_ids
-        for request_id in ids if ids is not None else list(self.parked):
-            if request_id in self.parked:
-                self.num_waiting_for_streaming_input += 1  # vLLM's finish takes it off again
-        return super().finish_requests(request_ids, finished_status)
-
     def _free_request(self, request, *args, **kwargs):
-        """Every finished request passes here: no per-request entry outlives it."""
+        """Every finished request passes here: no per-request entry outlives it.
+
+        The tokens recomputed after evictions ride on the final output's `kv_transfer_params`
+        (under `RECOMPUTED_KEY`), vLLM's only per-request field from the scheduler to
+        `RequestOutput`; it is used only when no KV connector owns that field."""
         request_id = request.request_id
-        self.parked.pop(request_id, None)
-        self._settled.discard(request_id)
+        self.forget_session(request_id)
+        self._debt.pop(request_id, None)
+        recomputed = self._recomputed.pop(request_id, 0)
         self.book.close(request_id)
-        return super()._free_request(request, *args, **kwargs)
+        kv_params, ec_params = super()._free_request(request, *args, **kwargs)
+        if recomputed and kv_params is None and self.connector is None:
+            kv_params = {RECOMPUTED_KEY: recomputed}
+        return kv_params, ec_params
 
     def _update_after_schedule(self, scheduler_output) -> None:
-        for new in scheduler_output.scheduled_new_reqs:
-            self.book.admitted(new.req_id)
-        for request_id in scheduler_output.scheduled_cached_reqs.resumed_req_ids:
+        admitted = [new.req_id for new in scheduler_output.scheduled_new_reqs]
+        admitted.extend(scheduler_output.scheduled_cached_reqs.resumed_req_ids)
+        for request_id in admitted:
             self.book.admitted(request_id)
+            if request_id in self._debt:
+                self._settle_debt(request_id)
         super()._update_after_schedule(scheduler_output)
         requests, mark = self.requests, self.book.mark
         for request_id in scheduler_output.num_scheduled_tokens:
             mark(requests[request_id])
 
 
-class StreamingScheduler(PolicySchedulerMixin, Scheduler):
+class StreamingScheduler(PolicySchedulerMixin, SessionParkingMixin, Scheduler):
     """The plug-in over vLLM's synchronous scheduler (the CPU engine's mode)."""
 
 
-class AsyncStreamingScheduler(PolicySchedulerMixin, AsyncScheduler):
+class AsyncStreamingScheduler(PolicySchedulerMixin, SessionParkingMixin, AsyncScheduler):
     """The same plug-in over vLLM's `AsyncScheduler`, for engines that run async scheduling (the
     GPU default): scheduling of step N+1 overlaps the forward pass of step N."""
 

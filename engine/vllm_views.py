@@ -36,15 +36,24 @@ from scheduler.request import RequestView
 
 PARTIAL_TURN_ARG = "stream2llm_partial"
 OPENED_ARG = "stream2llm_opened"  # wall-clock opening of the session a replacement request serves
+# Tokens the scheduler had to compute again after evicting or preempting the request, reported on
+# its final output (see `engine.vllm_scheduler.PolicySchedulerMixin._free_request`).
+RECOMPUTED_KEY = "stream2llm_tokens_recomputed"
+# Stop reason of the output that acknowledges a turn appended but not prefilled (`engine.vllm_sessions`).
+DEFERRED_TURN = "stream2llm_deferred"
 _IDLE = RequestStatus.WAITING_FOR_STREAMING_REQ
 _RUNNING = RequestStatus.RUNNING
 
 
-def is_partial_turn(request) -> bool:
-    """True while the request serves a prefill-only turn of a streamed session."""
-    params = request.sampling_params
+def is_partial_params(params) -> bool:
+    """True for the sampling parameters of a prefill-only turn of a streamed session."""
     extra = params.extra_args if params is not None else None
     return bool(extra) and bool(extra.get(PARTIAL_TURN_ARG))
+
+
+def is_partial_turn(request) -> bool:
+    """True while the request serves a prefill-only turn of a streamed session."""
+    return is_partial_params(request.sampling_params)
 
 
 def fill_view(view: RequestView, request, block_size: int) -> None:

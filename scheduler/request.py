@@ -28,8 +28,9 @@ class RequestView:
     admitted_seq: int = -1  # order of the latest admission to the running set
     admitted_at: float = -1.0
     num_preemptions: int = 0
-    # A partial stream evicted while idle: it cannot run until its next chunk arrives (vLLM keeps
-    # such a session out of its queues; recomputing it early would sample a token nobody asked for).
+    # A partial stream that cannot run: evicted while idle, it waits for its next chunk (vLLM keeps
+    # such a session out of its queues; recomputing it early would sample a token nobody asked for);
+    # under a policy that degrades evicted streams, it waits for its question (`unblock`).
     blocked: bool = False
     chunk_gaps: list[float] = field(default_factory=list)  # recent inter-chunk gaps, oldest first
 
@@ -58,10 +59,14 @@ class RequestView:
     def swapped(self) -> bool:
         return self.num_swapped_blocks > 0
 
+    def unblock(self, degrade_evicted: bool) -> None:
+        """After a chunk arrived (and `complete` was updated): may the stream run again? A stream
+        degraded to one-shot (`Policy.degrade_evicted_streams`) waits for its question."""
+        if self.blocked and (self.complete or not degrade_evicted):
+            self.blocked = False
+
     def record_chunk(self, now: float, keep_gaps: int = 4) -> None:
-        """Note a later chunk's arrival at `now` (the view is created at the first one): it
-        unblocks a stream that was evicted while idle."""
-        self.blocked = False
+        """Note a later chunk's arrival at `now` (the view is created at the first one)."""
         gap = now - self.last_chunk_arrival
         if gap > 0:
             self.chunk_gaps.append(gap)

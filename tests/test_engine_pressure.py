@@ -31,7 +31,7 @@ async def _stream(engine, chunks, question):
         await engine.append(sid, token_ids=chunk)
         await asyncio.sleep(0.05)  # interleave with the other sessions
     ids, _ = await collect(engine.finish(sid, token_ids=question, sampling=GREEDY))
-    return ids
+    return ids, engine.session_stats(sid).tokens_recomputed
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
@@ -48,12 +48,13 @@ async def test_concurrent_streams_larger_than_cache_all_complete(policy):
         question = engine.tokenize("Question: which value?")
         streamed = await asyncio.wait_for(
             asyncio.gather(*(_stream(engine, chunks, question) for chunks in sessions)), timeout=240)
-        for chunks, output in zip(sessions, streamed):
+        for chunks, (output, _) in zip(sessions, streamed):
             expected, _ = await collect(engine.generate(token_ids=sum(chunks, []) + question,
                                                         sampling=GREEDY, cache_salt=uuid.uuid4().hex))
             assert output == expected
         stats = await engine.stats()
         assert stats.preemptions > 0, "pressure should have forced evictions"
+        assert sum(recomputed for _, recomputed in streamed) > 0  # and sessions report the recompute
         assert await wait_for_kv_blocks(engine, 0) == 0
     finally:
         await engine.shutdown()

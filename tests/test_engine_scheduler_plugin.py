@@ -5,6 +5,7 @@ import pytest
 from vllm.v1.request import RequestStatus
 
 from engine.vllm_scheduler import AsyncStreamingScheduler, StreamingScheduler
+from engine.vllm_views import DEFERRED_TURN, RECOMPUTED_KEY
 from scheduler.policies import POLICIES
 from tests.sched_harness import BS, Driver, final, make_scheduler
 
@@ -48,8 +49,9 @@ def test_policy_orders_vllms_waiting_queue_and_running_list():
     assert [r.request_id for r in s.running] == ["question", "partial"]
 
 
-def test_eviction_takes_idle_memory_for_a_question_and_the_stream_resumes_whole():
-    s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=12, max_num_seqs=8)
+@pytest.mark.parametrize("policy", ["lcas", "tailguard"])
+def test_eviction_takes_idle_memory_for_a_question_and_the_stream_resumes_whole(policy):
+    s = make_scheduler(StreamingScheduler, policy, num_blocks=12, max_num_seqs=8)
     d = Driver(s)
     for rid in ("a", "b"):  # 5 blocks each, idle
         d.turn(rid, 5 * BS)
@@ -64,8 +66,18 @@ def test_eviction_takes_idle_memory_for_a_question_and_the_stream_resumes_whole(
     assert victim.status == RequestStatus.WAITING_FOR_STREAMING_REQ and s.book.views[evicted[0]].blocked
     d.turn(evicted[0], BS)
     assert victim.num_prompt_tokens == held + BS  # the throwaway token was trimmed exactly once
-    d.run_until(lambda: _idle(d, evicted[0]))
-    assert victim.num_computed_tokens == held + BS
+    if policy == "tailguard":  # degraded to one-shot: the chunk is acknowledged, not prefilled
+        d.step()
+        assert d.stop_reasons[evicted[0]][-1] == DEFERRED_TURN
+        assert victim.num_computed_tokens == 0 and s.book.views[evicted[0]].blocked
+    else:
+        d.run_until(lambda: _idle(d, evicted[0]))
+        assert victim.num_computed_tokens == held + BS
+    # its final output reports the tokens computed again (the prefix cache kept some of them)
+    d.turn(evicted[0], 4, final(2))
+    d.end(evicted[0])
+    d.run_until(lambda: evicted[0] not in s.requests)
+    assert 0 < d.kv_params[evicted[0]][RECOMPUTED_KEY] <= held
 
 
 def test_a_new_partial_stream_does_not_evict_resident_streams_under_tailguard():

@@ -198,4 +198,7 @@ def test_evicted_idle_stream_is_blocked_until_its_next_chunk():
     assert plan_step([stream], blocks, StepBudget(512, BS)).scheduled == []
     stream.record_chunk(1.0)
     stream.num_prompt_tokens += BS
+    stream.unblock(degrade_evicted=True)  # a degrading policy keeps it waiting for its question
+    assert stream.blocked
+    stream.unblock(degrade_evicted=False)
     assert plan_step([stream], blocks, StepBudget(512, BS)).scheduled == [("r0", 3 * BS)]

@@ -17,6 +17,9 @@ from scheduler.request import RequestView
 
 class Policy(ABC):
     name: ClassVar[str]
+    # True: a partial stream evicted by the planner stops streaming: its later chunks are only
+    # queued, and it runs again as a one-shot request once its question arrives (`blocked`).
+    degrade_evicted_streams: ClassVar[bool] = False
 
     @abstractmethod
     def sort_key(self, view: RequestView) -> tuple:

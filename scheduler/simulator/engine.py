@@ -4,8 +4,9 @@ step whose duration comes from the cost model.
 It calls the same `scheduler.planner.plan_step` on the same kind of views as the vLLM plug-in
 (`engine.vllm_scheduler`), and applies the decision as is: the scheduled set runs with its tokens.
 The plug-in can only steer vLLM (it orders vLLM's queues and evicts the planner's victims), so the
-engine differs where vLLM's structure forces it; the plug-in's docstring lists how. Like vLLM, a
-stream evicted while idle stays blocked until its next chunk (`RequestView.blocked`).
+engine differs where vLLM's structure forces it; the plug-in's docstring lists how. As in the
+plug-in, a stream evicted while idle stays blocked until its next chunk, or until its question
+under a policy that degrades evicted streams (`RequestView.blocked`, `engine.vllm_sessions`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class SimEngine:
     def __init__(self, policy: Policy, cost: CostModel, config: EngineConfig):
         self.cost, self.config = cost, config
         self.queue = PolicyQueue(policy)
+        self.degrade = policy.degrade_evicted_streams
         self.blocks = CountingBlockManager(config.num_blocks)
         self.swap_pool = SwapPool(config.swap_pool_blocks if cost.swap_available else 0)
         self.budget = StepBudget(config.max_num_tokens, config.block_size)
@@ -68,6 +70,7 @@ class SimEngine:
         view.record_chunk(now)
         view.num_prompt_tokens += num_tokens
         view.complete = complete
+        view.unblock(self.degrade)
         self.queue.touch(view)
 
     def replace(self, request_id: str, now: float, num_tokens: int, keep_tokens: int,
@@ -80,6 +83,7 @@ class SimEngine:
         view.num_computed_tokens = keep
         view.num_prompt_tokens = num_tokens
         view.complete = complete
+        view.unblock(self.degrade)
         self._high_water[request_id] = min(self._high_water[request_id], keep)
         need = -(-keep // self.config.block_size)
         if view.num_kv_blocks > need:
@@ -111,7 +115,9 @@ class SimEngine:
         swap_s = 0.0
         for p in decision.preempted:
             view = self.views[p.request_id]
-            view.blocked = view.idle  # as in vLLM: an idle stream waits for its next chunk
+            # as in the plug-in: a stream evicted while idle waits for its next chunk (for its
+            # question under a policy that degrades evicted streams, `RequestView.unblock`)
+            view.blocked = view.idle
             self.stats.preemptions[p.kind] += 1
             view.num_preemptions += 1
             view.num_kv_blocks, view.running = 0, False
