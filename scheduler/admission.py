@@ -16,11 +16,11 @@ their replica's reports stop listing are dropped after `grace_s`; one-shot reque
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from scheduler.admission_queue import AdmissionQueues, Ask
 from scheduler.demand import DemandModel, desired_replicas
-from scheduler.replica_index import Placement, ReplicaIndex, ReplicaReport, ReplicaState, blocks_for
+from scheduler.replica_index import (ClusterPressure, Placement, ReplicaIndex, ReplicaReport, ReplicaState,
+                                    blocks_for)
 
 __all__ = ["AdmissionController", "AdmissionError", "ClusterPressure", "DemandModel", "Placement",
            "ReplicaReport", "UnknownSessionError", "blocks_for", "desired_replicas"]
@@ -32,27 +32,6 @@ class AdmissionError(Exception):
 
 class UnknownSessionError(AdmissionError):
     """The session id has no placement."""
-
-
-@dataclass(frozen=True)
-class ClusterPressure:
-    """Cluster-wide KV pressure, the input of autoscaling."""
-
-    replicas: int
-    kv_blocks_total: int
-    kv_blocks_used: int
-    kv_blocks_projected: int
-    sessions: int
-    queued: int
-    rejected: int
-
-    @property
-    def used_frac(self) -> float:
-        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
-
-    @property
-    def projected_frac(self) -> float:
-        return self.kv_blocks_projected / self.kv_blocks_total if self.kv_blocks_total else 0.0
 
 
 class AdmissionController:
@@ -83,6 +62,8 @@ class AdmissionController:
         self.max_sessions = self.max_sessions if max_sessions is None else max_sessions
         if stale_after_s is not None:
             self._index.stale_after_s = stale_after_s
+        # a replica silent this long died unnoticed: its placements go (a late report re-adopts them)
+        self._index.forget_after_s = 2 * (self._index.stale_after_s + self.grace_s)
         if reserve_frac is not None and reserve_frac != self._index.reserve_frac:
             self._index.reserve_frac = reserve_frac
             self._index.rebuild()
@@ -130,6 +111,13 @@ class AdmissionController:
         r.growth += p.growth
         return p
 
+    def _expire(self, now: float) -> None:
+        """Stale replicas leave the totals; long-silent ones are forgotten with their placements."""
+        for r in self._index.expire(now):
+            for session_id in r.placements:
+                self._placements.pop(session_id, None)
+            self.dropped += len(r.placements)
+
     def _expired(self, p: Placement, now: float) -> bool:
         if p.lease_until is not None:
             return now > p.lease_until
@@ -166,7 +154,7 @@ class AdmissionController:
         return len(r.placements) if r is not None else 0
 
     def live_replicas(self, now: float) -> list[str]:
-        self._index.expire(now)
+        self._expire(now)
         return self._index.live_ids()
 
     # ---- headroom ----------------------------------------------------------------------------
@@ -180,6 +168,7 @@ class AdmissionController:
     def choose_replica(self, source_type: str, now: float, exclude: tuple[str, ...] = (),
                        tokens: int | None = None) -> str | None:
         """The live replica with the most projected headroom, if the expected demand fits there."""
+        self._expire(now)
         r = self._index.roomiest(now, exclude)
         if r is None:
             return None
@@ -282,7 +271,7 @@ class AdmissionController:
         return max(1, int(math.ceil(base_s * (1 + self.queued()))))
 
     def pressure(self, now: float) -> ClusterPressure:
-        self._index.expire(now)
+        self._expire(now)
         t = self._index.totals
         return ClusterPressure(replicas=t.replicas, kv_blocks_total=t.kv_blocks_total,
                                kv_blocks_used=t.kv_blocks_used, kv_blocks_projected=t.kv_blocks_projected,

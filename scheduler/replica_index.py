@@ -75,6 +75,27 @@ class ReplicaState:
         return total - int(total * reserve_frac) - self.projected
 
 
+@dataclass(frozen=True)
+class ClusterPressure:
+    """Cluster-wide KV pressure, the input of autoscaling."""
+
+    replicas: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_blocks_projected: int
+    sessions: int
+    queued: int
+    rejected: int
+
+    @property
+    def used_frac(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @property
+    def projected_frac(self) -> float:
+        return self.kv_blocks_projected / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
 @dataclass
 class Totals:
     """Running sums over live replicas (the autoscaler's input), never recomputed by a scan."""
@@ -101,18 +122,30 @@ class ReplicaIndex:
         self.reserve_frac = reserve_frac
         self.replicas: dict[str, ReplicaState] = {}
         self.totals = Totals()
-        self._live: OrderedDict[str, float] = OrderedDict()  # oldest report first
+        self.forget_after_s = 60.0
+        self._live: OrderedDict[str, float] = OrderedDict()    # oldest report first
+        self._silent: OrderedDict[str, float] = OrderedDict()  # stale ones, oldest report first
         self._heap: list[tuple[int, int, str]] = []
 
     # ---- liveness ------------------------------------------------------------------------
-    def expire(self, now: float) -> None:
-        """Replicas silent past `stale_after_s` leave the totals (cost: the number that expire)."""
+    def expire(self, now: float) -> list[ReplicaState]:
+        """Replicas silent past `stale_after_s` leave the totals; past `forget_after_s` they are
+        removed and returned (a replica that died unnoticed). Cost: the number that expire."""
         while self._live:
             rid, at = next(iter(self._live.items()))
             if now - at <= self.stale_after_s:
-                return
+                break
             del self._live[rid]
+            self._silent[rid] = at
             self.totals.add(self.replicas[rid], -1)
+        gone = []
+        while self._silent:
+            rid, at = next(iter(self._silent.items()))
+            if now - at <= self.forget_after_s:
+                break
+            del self._silent[rid]
+            gone.append(self.replicas.pop(rid))
+        return gone
 
     def is_live(self, replica_id: str) -> bool:
         return replica_id in self._live
@@ -131,6 +164,7 @@ class ReplicaIndex:
         if now is not None:
             r.reported_at = now
             self._live.pop(r.replica_id, None)
+            self._silent.pop(r.replica_id, None)
             self._live[r.replica_id] = now
         if r.replica_id in self._live:
             self.totals.add(r, +1)
@@ -140,6 +174,7 @@ class ReplicaIndex:
 
     def remove(self, replica_id: str) -> ReplicaState | None:
         r = self.replicas.pop(replica_id, None)
+        self._silent.pop(replica_id, None)
         if r is not None and self._live.pop(replica_id, None) is not None:
             self.totals.add(r, -1)
         return r
@@ -160,8 +195,8 @@ class ReplicaIndex:
         """The live, non-draining, non-excluded replica with the most projected headroom.
 
         Cost: O(log R) per stale or excluded entry met on the way (excluded ones are put back).
+        Call `expire(now)` first.
         """
-        self.expire(now)
         skipped = []
         found = None
         while self._heap:

@@ -267,3 +267,16 @@ def _placed(c, session_id):
         return c.placement(session_id) is not None
     except UnknownSessionError:
         return False
+
+
+def test_a_replica_silent_for_long_is_forgotten_with_its_placements():
+    c = AdmissionController(DemandModel({}), stale_after_s=5.0, grace_s=5.0)  # forgotten after 2 x (5 + 5) s
+    c.report(report("gone", sessions={"s": 16}), now=0)
+    c.report(report("alive"), now=0)
+    for t in range(5, 30, 5):
+        c.report(report("alive"), now=t)
+    assert c.pressure(now=19).replicas == 1 and c.session_count() == 1  # stale, not yet forgotten
+    assert c.pressure(now=25).replicas == 1 and c.session_count() == 0
+    assert set(c.reports()) == {"alive"}
+    c.report(report("gone", sessions={"s": 16}), now=26)  # back after all: its session is adopted again
+    assert c.placement("s").replica_id == "gone"
