@@ -123,11 +123,11 @@ def build_vllm_config(config: EngineConfig):
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     from engine.models import resolve_model
-    from engine.vllm_scheduler import POLICY_KEY, scheduler_class
+    from engine.vllm_scheduler import scheduler_additional_config, scheduler_class
 
     platform = resolve_platform(config, detect_platform())
     prepare_process(platform)
-    kwargs = resolve_engine_args(config, platform, resolve_model(config.model), {POLICY_KEY: config.policy})
+    kwargs = resolve_engine_args(config, platform, resolve_model(config.model), scheduler_additional_config(config))
     vllm_config = AsyncEngineArgs(**kwargs).create_engine_config()
     scheduler = vllm_config.scheduler_config
     scheduler.scheduler_cls = scheduler_class(bool(scheduler.async_scheduling))
