@@ -16,6 +16,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from pipeline.autoscale import autoscaling_config
+from pipeline.central import HEAD_NODE_RESOURCE
 from pipeline.config import AppConfig, load_config
 from pipeline.ingress import IngressRoutes, api
 from pipeline.replica import EngineReplica
@@ -51,7 +52,8 @@ def engine_deployment(config: AppConfig):
 def ingress_deployment(config: AppConfig):
     return serve.deployment(serve.ingress(api)(IngressRoutes)).options(
         name=INGRESS_DEPLOYMENT, num_replicas=1,
-        ray_actor_options={"num_cpus": config.replicas.ingress_num_cpus},
+        # On the head node, next to the Serve controller and the central scheduler actor.
+        ray_actor_options={"num_cpus": config.replicas.ingress_num_cpus, "resources": {HEAD_NODE_RESOURCE: 0.001}},
         max_ongoing_requests=1024,
     )
 

@@ -25,6 +25,7 @@ from scheduler.admission import AdmissionController, DemandModel, ReplicaReport,
 
 NAMESPACE = "stream2llm"
 ONESHOT_SOURCE = "oneshot"
+HEAD_NODE_RESOURCE = "node:__internal_head__"  # Ray gives the head node this resource (amount 1)
 
 
 class SchedulerUnavailable(RuntimeError):
@@ -180,7 +181,7 @@ class CentralScheduler:
 
 def head_node_id() -> str | None:
     for node in ray.nodes():
-        if node.get("Alive") and "node:__internal_head__" in node.get("Resources", {}):
+        if node.get("Alive") and HEAD_NODE_RESOURCE in node.get("Resources", {}):
             return node["NodeID"]
     return None
 

@@ -40,6 +40,10 @@ def test_replicas_on_different_worker_nodes_and_scheduler_on_head(multinode):
     assert nodes == sorted(worker_ids)
     scheduler = ray.get_actor("stream2llm_scheduler", namespace="stream2llm")
     assert ray.get(scheduler.ping.remote())["node_id"] == cluster.head_node.node_id
+    from ray._private.state import actors  # the GCS's actor table (the state API needs the dashboard)
+
+    ingress = [a for a in actors().values() if a["State"] == "ALIVE" and a["ActorClassName"].endswith(":Ingress")]
+    assert ingress and {a["Address"]["NodeID"] for a in ingress} == {cluster.head_node.node_id}
 
 
 def test_session_stream_crosses_nodes(multinode):
@@ -74,8 +78,41 @@ def test_cluster_yaml_passes_rays_own_validation():
     config = prepare_config(raw)
     validate_config(config)
     assert config["available_node_types"]["gpu_worker"]["resources"]["GPU"] == 1
-    assert any("stream2llm[gpu" in c for c in config["setup_commands"])
+    assert any("scripts/setup.sh" in c for c in config["setup_commands"])
     assert any("stream2llm serve" in c for c in config["head_start_ray_commands"])
     raw["available_node_types"]["head"]["not_a_field"] = 1
     with pytest.raises(Exception, match="not_a_field"):
         validate_config(prepare_config(raw))
+
+
+def test_cluster_yaml_ships_this_checkout_and_runs_real_files():
+    """The mounts, set-up and start commands refer to files and commands that exist in this checkout."""
+    import shlex
+    import tomllib
+
+    from pipeline.cli_serve import parse_overrides
+    from pipeline.config import load_config
+    from stream2llm.cli import SUBCOMMANDS, _optional_subcommands
+
+    raw = yaml.safe_load(Path(REPO, "cluster.yaml").read_text())
+    mounts = raw["file_mounts"]
+    assert list(mounts) == ["~/stream2llm"] and Path(REPO, mounts["~/stream2llm"]).resolve() == Path(REPO).resolve()
+    setup = " && ".join(raw["setup_commands"])
+    for script in ("scripts/setup.sh",):
+        assert f" {script}" in setup and Path(REPO, script).stat().st_mode & 0o111  # present and executable
+    assert "STREAM2LLM_EXTRAS=gpu" in setup
+    pyproject = tomllib.loads(Path(REPO, "pyproject.toml").read_text())
+    assert "gpu" in pyproject["project"]["optional-dependencies"]
+    assert "3.11" in pyproject["project"]["requires-python"] and "python3.11" in setup
+    assert any("python3.11" in c for c in raw["initialization_commands"])
+    _optional_subcommands()
+    starts = raw["head_start_ray_commands"] + raw["worker_start_ray_commands"]
+    assert all(c.split()[0].startswith("~/stream2llm/.venv/bin/") for c in starts if "ray " in c)
+    serve_cmd = next(c for c in starts if "stream2llm serve" in c)
+    words = shlex.split(serve_cmd.split("&&", 1)[1].split(">")[0])
+    assert {"index", "serve", "prepare"} <= set(SUBCOMMANDS)
+    sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+    config = load_config(None, parse_overrides(sets))  # the deployed settings are a valid AppConfig
+    assert config.replicas.use_gpu and config.replicas.max_replicas == raw["max_workers"]
+    gpu = raw["available_node_types"]["gpu_worker"]
+    assert gpu["resources"]["GPU"] >= 1 and raw["available_node_types"]["head"]["resources"].get("GPU", 0) == 0
