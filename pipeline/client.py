@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from engine.api import SessionNotFoundError
-from pipeline.errors import AdmissionRejected, is_replica_gone, unwrap
+from pipeline.errors import AdmissionRejected, AnswerNotReproducible, is_replica_gone, unwrap
 from pipeline.sessions import SessionLog, new_session_id
 
 log = logging.getLogger("stream2llm.client")
@@ -66,10 +66,11 @@ class EngineClient:
         raise AssertionError("unreachable")
 
     async def recover(self, session: SessionLog, dead: bool) -> None:
-        """Re-admit the session elsewhere and replay its context log there."""
+        """Re-admit the session elsewhere and rebuild its context there: the client's logged ops,
+        or the retriever call run again (the ingress keeps no retrieved text)."""
         old = session.replica_id
-        log.warning("session %s lost its replica %s (dead=%s): replaying %d ops",
-                    session.session_id, old, dead, len(session.ops))
+        log.warning("session %s lost its replica %s (dead=%s): replaying %d ops%s", session.session_id, old,
+                    dead, len(session.ops), " and its retrieval" if session.retrieval_done else "")
         if dead:
             await self._scheduler.replica_died.remote(old)
         await self._scheduler.release.remote(session.session_id)
@@ -77,36 +78,65 @@ class EngineClient:
         info = await self._handle.open_session.remote(session.session_id, session.source_type,
                                                       route_to=replica_id)
         session.replica_id, session.node_id = info["replica_id"], info["node_id"]
+        if session.retrieval_done:
+            async for name, data in self._context_stream(session, session.retrieval):
+                if name == "context":
+                    session.context_tokens = data["context_tokens"]
         for kind, text in session.replay_ops():
             method = "append" if kind == "append" else "update"
             fn = getattr(self._handle, method)
             session.context_tokens = await fn.remote(session.session_id, text, route_to=replica_id)
         session.recovered += 1
 
-    async def finish(self, session: SessionLog, question: str, sampling: dict):
-        """Yield answer deltas then {"stats": ...}; a replica lost mid-answer is recovered and
-        the answer resumes after the tokens already sent (greedy decoding is deterministic)."""
+    def _context_stream(self, session: SessionLog, call):
+        return self._handle.options(stream=True).stream_context.remote(
+            session.session_id, call, route_to=session.replica_id)
+
+    async def stream_context(self, session: SessionLog, call):
+        """The replica pulls the retriever's stream into the session; yields its summaries. A lost
+        replica: the retrieval runs again on another one, and only events not yet sent are yielded."""
+        session.retrieval = call
         sent = 0
         for attempt in range(MAX_RECOVERIES + 1):
-            stream = self._handle.options(stream=True).finish.remote(
-                session.session_id, question, sampling, route_to=session.replica_id)
             seen = 0
             try:
-                async for item in stream:
-                    if "stats" in item:
-                        yield item
-                        return
-                    ids = item["token_ids"]
-                    seen += len(ids)
+                async for item in self._context_stream(session, call):
+                    seen += 1
                     if seen > sent:
-                        skip = len(ids) - (seen - sent)
-                        yield {**item, "token_ids": ids[skip:], "text": item["text"] if skip == 0 else ""}
                         sent = seen
+                        yield item
+                session.retrieval_done = True
                 return
             except Exception as e:
                 if attempt == MAX_RECOVERIES or not _needs_recovery(e):
                     raise
                 await self.recover(session, dead=is_replica_gone(e))
+
+    async def finish(self, session: SessionLog, question: str, sampling: dict):
+        """Yield answer items then {"stats": ...}. A replica lost mid-answer is recovered and the
+        answer resumes after the tokens already sent, when it is reproducible (greedy or seeded)."""
+        sent = 0
+        for attempt in range(MAX_RECOVERIES + 1):
+            stream = self._handle.options(stream=True).finish.remote(
+                session.session_id, question, sampling, after_tokens=sent, route_to=session.replica_id)
+            try:
+                async for item in stream:
+                    sent = item.get("tokens", sent)
+                    yield item
+                return
+            except Exception as e:
+                if attempt == MAX_RECOVERIES or not _needs_recovery(e):
+                    raise
+                if sent and not reproducible(sampling):
+                    raise AnswerNotReproducible(
+                        f"replica {session.replica_id} was lost after {sent} answer tokens and the sampling "
+                        "is neither greedy nor seeded: ask again") from None
+                await self.recover(session, dead=is_replica_gone(e))
+
+    def resume(self, session: SessionLog, after_tokens: int):
+        """The rest of an answer held by `session.replica_id` (after a lost connection)."""
+        return self._handle.options(stream=True).resume.remote(
+            session.session_id, after_tokens, route_to=session.replica_id)
 
     async def tokenize(self, session: SessionLog, text: str) -> list[int]:
         return await self._handle.tokenize.remote(text, route_to=session.replica_id)
@@ -128,6 +158,11 @@ class EngineClient:
 
     async def release(self, session: SessionLog, context_tokens: int | None) -> None:
         await self._scheduler.release.remote(session.session_id, context_tokens)
+
+
+def reproducible(sampling: dict) -> bool:
+    """Another replica generates the same answer: greedy decoding, or a fixed seed."""
+    return (sampling.get("temperature") or 0.0) == 0.0 or sampling.get("seed") is not None
 
 
 def _needs_recovery(error: BaseException) -> bool:

@@ -85,6 +85,9 @@ class LimitSettings(_Section):
     session_ttl_s: float = Field(120.0, gt=0, description="Idle session lifetime before abort.")
     max_queue: int = Field(16, ge=0, description="Sessions waiting for admission at most.")
     admission_timeout_s: float = Field(5.0, ge=0, description="Wait in the queue before 429.")
+    resume_grace_s: float = Field(5.0, ge=0, description=(
+        "An answer nobody reads (the client left, or its ingress died) keeps generating this long for a "
+        "reconnect with Last-Event-ID, then it is cancelled and its KV freed."))
 
 
 class SchedulerSettings(_Section):

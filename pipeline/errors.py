@@ -40,6 +40,23 @@ class SessionGone(PipelineError):
     status = 404
 
 
+class SessionConflict(PipelineError):
+    """The session is in a state that refuses the call (e.g. a second finish): 409."""
+
+    status = 409
+
+
+class AnswerNotReproducible(PipelineError):
+    """A replica was lost mid-answer and the sampling is neither greedy nor seeded, so another
+    replica cannot continue the same answer: the client must ask again."""
+
+    status = 409
+
+
+class ModelNotFound(PipelineError):
+    status = 404
+
+
 class BadRequest(PipelineError):
     status = 400
 
@@ -84,3 +101,27 @@ def error_body(error: BaseException) -> dict:
     if isinstance(error, PipelineError):
         body.update(error.extra)
     return body
+
+
+# ---- OpenAI-compatible routes answer with OpenAI's error object --------------------------------
+OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+_OPENAI_TYPE = {401: "authentication_error", 429: "rate_limit_error"}
+_OPENAI_CODE = {ModelNotFound: "model_not_found", AdmissionRejected: "rate_limit_exceeded",
+                LimitExceeded: "context_length_exceeded"}
+
+
+def is_openai_path(path: str) -> bool:
+    return path.startswith(OPENAI_PATHS)
+
+
+def openai_error_body(status: int, kind: str, reason: str, code: str | None = None,
+                      param: str | None = None) -> dict:
+    """`{"error": {"message", "type", "param", "code"}}` as OpenAI's API returns it."""
+    etype = _OPENAI_TYPE.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": reason, "type": etype, "param": param, "code": code or kind}}
+
+
+def openai_error(error: BaseException) -> dict:
+    cause = unwrap(error)
+    code = next((c for kind, c in _OPENAI_CODE.items() if isinstance(cause, kind)), None)
+    return openai_error_body(http_status(error), type(cause).__name__, str(cause), code)

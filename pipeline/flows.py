@@ -1,8 +1,12 @@
-"""What the HTTP routes do, as async generators of (event, data) pairs; no HTTP here.
+"""What the HTTP routes do, as async generators of (event, data, id) triples; no HTTP here.
 
 `answer_events` decodes a session that already holds its context; `rag_events` streams a source's
-context into a fresh session while retrieval runs, then answers. Any exit other than a complete
-answer (error, client disconnect = cancellation) aborts the session so its KV is freed at once.
+context into a fresh session while retrieval runs, then answers. For retriever sources the replica
+pulls the retriever actor's stream itself and sends back summaries: the ingress never sees chunk
+text. An exit during retrieval (error, client disconnect = cancellation) aborts the session so its
+KV is freed at once; an answer that loses its reader keeps running on its replica for
+`limits.resume_grace_s`, so that a reconnect with `Last-Event-ID` (the answer event's id:
+`<session>.<replica>.<tokens so far>`) gets the rest from there.
 """
 
 from __future__ import annotations
@@ -16,38 +20,67 @@ from pipeline.sessions import SessionLog
 from pipeline.sources import (AppendChunk, Done, ReplaceContext, SourceError, citation, event_text,
                               open_source, source_type)
 
+INLINE_SOURCES = ("documents", "corpus")  # built in the ingress (client-side retrieval)
+
+
+def answer_event_id(session_id: str, replica_id: str, tokens: int) -> str:
+    return f"{session_id}.{replica_id}.{tokens}"
+
+
+def parse_event_id(event_id: str) -> tuple[str, str, int] | None:
+    """(session id, replica id, answer tokens already received), or None for a non-answer id."""
+    parts = event_id.strip().split(".")
+    if len(parts) != 3 or not parts[2].isdigit():
+        return None
+    return parts[0], parts[1], int(parts[2])
+
 
 async def answer_events(ing, session: SessionLog, question: str, sampling: dict, endpoint: str):
-    """Yield ("token", delta) ... ("final", summary) and release the session; abort if cut short."""
+    """Yield ("token", delta, id) ... ("final", summary, id); the session is finished either way."""
     finished = False
+    ing.sessions.mark_finished(session.session_id)
     try:
         async with session.lock:
             session.touch()
             stats: dict = {}
-            async for event in token_events(ing.client.finish(session, question, sampling), stats):
+            async for event in token_events(ing.client.finish(session, question, sampling), stats, session):
                 yield event
             finished = True
         ing.metrics.observe_final(endpoint, stats)
         if session.recovered:
             ing.metrics.recovered.inc()
-        yield "final", final_event(session, stats)
+        yield "final", final_event(session, stats), answer_event_id(
+            session.session_id, session.replica_id, stats.get("output_tokens") or 0)
+    except Exception:  # not a lost reader (that is a cancellation): nobody resumes this answer
+        await cleanup(_abort(ing, session))
+        raise
     finally:
-        ing.sessions.pop(session.session_id)
-        if finished:
-            await ing.client.release(session, session.context_tokens)
-        else:
+        if not finished:  # its replica ends the answer (done, or no reader within the grace period)
             ing.metrics.aborted.labels("cut_short").inc()
-            await cleanup(_abort(ing, session))
+        await cleanup(ing.client.release(session, session.context_tokens if finished else None))
 
 
-async def token_events(items, stats: dict):
-    """Relay a replica's answer items as ("token", delta) events; its closing stats land in `stats`."""
+async def token_events(items, stats: dict, session: SessionLog | None = None):
+    """Relay a replica's answer items as ("token", delta, id) events; its closing stats land in
+    `stats`. Ids name the replica holding the answer (resumable there) when a session is given."""
     async for item in items:
         if "stats" in item:
             stats.update(item["stats"])
             return
+        event_id = None if session is None else answer_event_id(session.session_id, session.replica_id,
+                                                                item["tokens"])
         yield "token", {"text": item["text"], "token_ids": item["token_ids"],
-                        "finish_reason": item["finish_reason"]}
+                        "finish_reason": item["finish_reason"]}, event_id
+
+
+async def resume_events(ing, session_id: str, replica_id: str, after_tokens: int):
+    """The rest of an answer from the replica that holds it (any ingress can serve this)."""
+    session = SessionLog(session_id, "", replica_id)
+    stats: dict = {}
+    async for event in token_events(ing.client.resume(session, after_tokens), stats, session):
+        yield event
+    yield "final", {**final_event(session, stats), "resumed": True}, answer_event_id(
+        session_id, replica_id, stats.get("output_tokens") or 0)
 
 
 def cleanup(coro):
@@ -93,24 +126,62 @@ async def rag_events(ing, request):
     handed_over = False
     try:
         async with session.lock:
-            await ing.client.add(session, "append", ing.template.header)
-            async for event in open_source(request.source, request.question, ing.actors):
-                item = await context_event(ing, session, event, ing.client.add)
-                if item is not None:
-                    yield item
-                if isinstance(event, Done):
-                    break
+            async for item in _context(ing, session, request):
+                yield item
         retrieval_s = time.monotonic() - started
         handed_over = True
         sampling = request.sampling.model_dump()
-        async for name, data in answer_events(ing, session, ing.template.footer(request.question), sampling, "rag"):
+        async for name, data, event_id in answer_events(ing, session, ing.template.footer(request.question),
+                                                        sampling, "rag"):
             if name == "final":
                 data = {**data, "retrieval_s": round(retrieval_s, 4)}
-            yield name, data
+            yield name, data, event_id
     finally:
         if not handed_over:
             ing.sessions.pop(session.session_id)
             await cleanup(_abort(ing, session))
+
+
+async def _context(ing, session: SessionLog, request):
+    """Context events with ids: from the replica (retriever sources) or built here (inline)."""
+    n = 0
+    if request.source.type in INLINE_SOURCES:
+        await ing.client.add(session, "append", ing.template.header)
+        events = _inline_context(ing, session, open_source(request.source, request.question, ing.actors))
+    else:
+        call = await ing.actors.call(request.source, request.question)
+        events = _replica_context(ing, session, call)
+    async for name, data in events:
+        n += 1
+        yield name, data, f"{session.session_id}.c{n}"
+
+
+async def _inline_context(ing, session: SessionLog, events):
+    async for event in events:
+        if isinstance(event, (AppendChunk, ReplaceContext)):
+            ing.metrics.ingress_chunk_bytes.inc(len(event_text(event).encode()))
+        item = await context_event(ing, session, event, ing.client.add)
+        if item is not None:
+            yield item
+        if isinstance(event, Done):
+            break
+
+
+async def _replica_context(ing, session: SessionLog, call):
+    async for name, data in ing.client.stream_context(session, call):
+        if name == "context":
+            _cite(session, data["mode"], data["sources"])
+            session.retrieved_chunks += 1
+            ing.metrics.replica_chunks.inc()
+            session.context_tokens = data["context_tokens"]
+        yield name, data
+
+
+def _cite(session: SessionLog, mode: str, sources: list[dict]) -> None:
+    if mode == "append":
+        session.sources.extend(sources)
+    else:
+        session.sources[:] = sources
 
 
 async def context_event(ing, session: SessionLog, event, add):
@@ -132,8 +203,5 @@ async def context_event(ing, session: SessionLog, event, add):
         if not isinstance(unwrap(e), LimitExceeded):
             raise
         return "context_skipped", {"mode": mode, "sources": citation(event), "reason": str(unwrap(e))}
-    if mode == "append":
-        session.sources.extend(citation(event))
-    else:
-        session.sources[:] = citation(event)
+    _cite(session, mode, citation(event))
     return "context", {"mode": mode, "sources": citation(event), "context_tokens": tokens}

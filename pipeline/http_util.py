@@ -11,18 +11,21 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.middleware.base import BaseHTTPMiddleware
 
-from pipeline.errors import AdmissionRejected, error_body, http_status, unwrap
+from pipeline.errors import (AdmissionRejected, error_body, http_status, is_openai_path, openai_error,
+                             openai_error_body, unwrap)
 
 log = logging.getLogger("stream2llm.http")
 
 PUBLIC_PATHS = {"/healthz", "/metrics"}
 
 
-def sse(event: str, data) -> str:
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+def sse(event: str, data, event_id: str | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-def error_response(error: BaseException) -> JSONResponse:
+def error_response(error: BaseException, openai: bool = False) -> JSONResponse:
+    """The one error shape: `{"error", "reason", ...}`, or OpenAI's error object on its routes."""
     status = http_status(error)
     if status >= 500:
         log.exception("internal error", exc_info=unwrap(error))
@@ -30,23 +33,37 @@ def error_response(error: BaseException) -> JSONResponse:
     cause = unwrap(error)
     if isinstance(cause, AdmissionRejected):
         headers["Retry-After"] = str(cause.retry_after_s)
-    return JSONResponse(error_body(error), status_code=status, headers=headers)
+    body = openai_error(error) if openai else error_body(error)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
-def validation_response(_: Request, exc: RequestValidationError) -> JSONResponse:
+def plain_error(path: str, status: int, kind: str, reason: str, headers: dict | None = None) -> JSONResponse:
+    """An error found before any route ran (validation, size, auth, unknown path), shaped by path."""
+    body = openai_error_body(status, kind, reason) if is_openai_path(path) else {"error": kind, "reason": reason}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def validation_response(request: Request, exc: RequestValidationError) -> JSONResponse:
     problems = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
     malformed = any(e.get("type") == "json_invalid" for e in exc.errors())
-    return JSONResponse({"error": "MalformedJSON" if malformed else "ValidationError",
-                         "reason": "; ".join(problems)}, status_code=400 if malformed else 422)
+    return plain_error(request.url.path, 400 if malformed else 422,
+                       "MalformedJSON" if malformed else "ValidationError", "; ".join(problems))
+
+
+def http_exception_response(request: Request, exc) -> JSONResponse:
+    """Starlette's own errors (unknown path 404, wrong method 405) in the same shape."""
+    kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+    return plain_error(request.url.path, exc.status_code, kind, str(exc.detail), getattr(exc, "headers", None))
 
 
 def event_stream(events) -> StreamingResponse:
-    """SSE response; errors after the stream started become an `error` event."""
+    """SSE response of (event, data[, id]) items; errors after the stream started become an
+    `error` event."""
 
     async def body():
         try:
-            async for name, data in events:
-                yield sse(name, data)
+            async for name, data, *event_id in events:
+                yield sse(name, data, event_id[0] if event_id else None)
         except Exception as e:  # the status line is gone: report in-band
             yield sse("error", {**error_body(e), "status": http_status(e)})
         finally:
@@ -88,17 +105,23 @@ class LimitsMiddleware(BaseHTTPMiddleware):
 
     async def dispatch(self, request: Request, call_next):
         if self.tokens and request.url.path not in PUBLIC_PATHS and not self._authorized(request):
-            return JSONResponse({"error": "Unauthorized", "reason": "missing or wrong bearer token"},
-                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            return plain_error(request.url.path, 401, "Unauthorized", "missing or wrong bearer token",
+                               {"WWW-Authenticate": "Bearer"})
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            return JSONResponse({"error": "RequestTooLarge",
-                                 "reason": f"body of {length} bytes exceeds {self.max_bytes}"}, 413)
+            return plain_error(request.url.path, 413, "RequestTooLarge",
+                               f"body of {length} bytes exceeds {self.max_bytes}")
         if request.method in ("POST", "PUT") and length is None:
-            body = await request.body()
-            if len(body) > self.max_bytes:
-                return JSONResponse({"error": "RequestTooLarge",
-                                     "reason": f"body exceeds {self.max_bytes} bytes"}, 413)
+            # Chunked body: read piece by piece and stop at the limit (never the whole body first);
+            # what was read is cached on the request for the route (Starlette replays `_body`).
+            parts, size = [], 0
+            async for part in request.stream():
+                size += len(part)
+                if size > self.max_bytes:
+                    return plain_error(request.url.path, 413, "RequestTooLarge",
+                                       f"body exceeds {self.max_bytes} bytes")
+                parts.append(part)
+            request._body = b"".join(parts)
         return await call_next(request)
 
     def _authorized(self, request: Request) -> bool:

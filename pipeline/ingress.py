@@ -2,7 +2,10 @@
 
 Routes are thin: they validate (pydantic), then run a flow from `pipeline.flows` or
 `pipeline.openai_routes`. Errors become `{"error", "reason"}` with a 4xx status (429 with
-Retry-After when admission is refused); errors after an SSE stream started become an `error` event.
+Retry-After when admission is refused) on every path, FastAPI's validation and Starlette's 404/405
+included; the OpenAI-compatible routes answer with OpenAI's error object instead. Errors after an
+SSE stream started become an `error` event. SSE answers carry ids: a request repeated with
+`Last-Event-ID` (or `GET /v1/streams/{id}/answer`) gets the rest of the answer from its replica.
 """
 
 from __future__ import annotations
@@ -10,17 +13,19 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Header
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline import openai_routes
-from pipeline.central import get_or_create_scheduler
+from pipeline.central import SchedulerUnavailable, get_or_create_scheduler, scheduler_health
 from pipeline.client import EngineClient
 from pipeline.config import AppConfig
-from pipeline.errors import AdmissionRejected, LimitExceeded, unwrap
-from pipeline.flows import answer_events, rag_events
-from pipeline.http_util import LimitsMiddleware, error_response, event_stream, first_then_rest, validation_response
+from pipeline.errors import AdmissionRejected, BadRequest, LimitExceeded, unwrap
+from pipeline.flows import answer_events, parse_event_id, rag_events, resume_events
+from pipeline.http_util import (LimitsMiddleware, error_response, event_stream, first_then_rest,
+                                http_exception_response, validation_response)
 from pipeline.metrics import PipelineMetrics
 from pipeline.oneshot import oneshot_rag_events
 from pipeline.prompt import PromptTemplate, fetch_template
@@ -34,6 +39,7 @@ log = logging.getLogger("stream2llm.ingress")
 
 api = FastAPI(title="stream2llm", description="Streaming RAG on Ray Serve")
 api.add_exception_handler(RequestValidationError, validation_response)
+api.add_exception_handler(StarletteHTTPException, http_exception_response)
 api.add_middleware(LimitsMiddleware)
 
 
@@ -62,13 +68,22 @@ class Ingress:
                 except Exception as e:
                     log.warning("TTL abort of %s failed: %r", session.session_id, e)
 
-    async def _run(self, coro):
+    async def _run(self, coro, openai: bool = False):
         try:
             return await coro
         except Exception as e:
             if isinstance(unwrap(e), AdmissionRejected):
                 self.metrics.rejected.inc()
-            return error_response(e)
+            return error_response(e, openai=openai)
+
+    async def _resume(self, last_event_id: str, session_id: str | None, stream: bool):
+        """The rest of an answer after `last_event_id` (an answer event's id), from its replica."""
+        parsed = parse_event_id(last_event_id)
+        if parsed is None or (session_id is not None and parsed[0] != session_id):
+            raise BadRequest(f"Last-Event-ID {last_event_id!r} is not an answer event of this session "
+                             "(context events cannot be resumed: ask again)")
+        events = await first_then_rest(resume_events(self, *parsed))
+        return event_stream(events) if stream else await _collect(events)
 
 
 def _route(method: str, path: str, **kw):
@@ -78,7 +93,10 @@ def _route(method: str, path: str, **kw):
 class IngressRoutes(Ingress):
     @_route("get", "/healthz")
     async def healthz(self):
-        pressure = await self.scheduler.pressure.remote()
+        try:
+            pressure = await scheduler_health(self.scheduler, timeout_s=2.0)
+        except SchedulerUnavailable as e:
+            return JSONResponse({"ok": False, "reason": str(e), "sessions": len(self.sessions)}, status_code=503)
         ok = pressure["replicas"] > 0
         return JSONResponse({"ok": ok, "replicas": pressure["replicas"], "sessions": len(self.sessions)},
                             status_code=200 if ok else 503)
@@ -97,7 +115,9 @@ class IngressRoutes(Ingress):
         return {"pressure": pressure, "replicas": replicas}
 
     @_route("post", "/v1/rag")
-    async def rag(self, body: RagRequest):
+    async def rag(self, body: RagRequest, last_event_id: str | None = Header(None)):
+        if last_event_id:
+            return await self._run(self._resume(last_event_id, None, body.stream))
         return await self._run(self._rag(body))
 
     def _check_answer_budget(self, sampling) -> None:
@@ -136,28 +156,43 @@ class IngressRoutes(Ingress):
 
     @_route("post", "/v1/streams/{session_id}/chunks")
     async def append_chunk(self, session_id: str, body: ChunkBody):
-        return await self._run(self._add(session_id, "append", [body]))
+        return await self._run(self._add(session_id, "append", [body], body.seq))
 
     @_route("put", "/v1/streams/{session_id}/context")
     async def replace_context(self, session_id: str, body: ReplaceBody):
-        return await self._run(self._add(session_id, "replace", body.chunks))
+        return await self._run(self._add(session_id, "replace", body.chunks, body.seq))
 
-    async def _add(self, session_id: str, kind: str, chunks: list[ChunkBody]):
+    async def _add(self, session_id: str, kind: str, chunks: list[ChunkBody], seq: int | None):
+        self.sessions.check_not_finished(session_id)
         session = self.sessions.get(session_id)
-        self.sessions.check_chunk_room(session)
         text = "".join(_piece(c, i + session.chunks) for i, c in enumerate(chunks))
         async with session.lock:
+            if seq is not None and seq <= session.last_seq:  # a retry of a change already applied
+                return {**session.summary(), "duplicate": True}
+            self.sessions.check_chunk_room(session)
+            self.metrics.ingress_chunk_bytes.inc(len(text.encode()))
             tokens = await self.client.add(session, kind, text)
+            session.last_seq = session.last_seq if seq is None else seq
         cites = [{"source_id": c.source_id, "title": c.title} for c in chunks if c.source_id]
         session.sources[:] = cites if kind == "replace" else session.sources + cites
-        return {**session.summary(), "context_tokens": tokens}
+        return {**session.summary(), "context_tokens": tokens, "duplicate": False}
 
     @_route("post", "/v1/streams/{session_id}/finish")
-    async def finish_stream(self, session_id: str, body: FinishBody):
+    async def finish_stream(self, session_id: str, body: FinishBody, last_event_id: str | None = Header(None)):
+        if last_event_id:
+            return await self._run(self._resume(last_event_id, session_id, body.stream))
         return await self._run(self._finish(session_id, body))
+
+    @_route("get", "/v1/streams/{session_id}/answer")
+    async def answer_stream(self, session_id: str, last_event_id: str | None = Header(None)):
+        """EventSource-style reconnect (GET with Last-Event-ID) to an answer in progress or done."""
+        if not last_event_id:
+            return error_response(BadRequest("give the Last-Event-ID header of the last answer event received"))
+        return await self._run(self._resume(last_event_id, session_id, True))
 
     async def _finish(self, session_id: str, body: FinishBody):
         self._check_answer_budget(body.sampling)
+        self.sessions.check_not_finished(session_id)
         session = self.sessions.get(session_id)
         if session.lock.locked():
             return error_response(_busy(session_id))
@@ -182,11 +217,11 @@ class IngressRoutes(Ingress):
 
     @_route("post", "/v1/completions")
     async def completions(self, body: CompletionRequest):
-        return await self._run(openai_routes.completions(self, body))
+        return await self._run(openai_routes.completions(self, body), openai=True)
 
     @_route("post", "/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest):
-        return await self._run(openai_routes.chat_completions(self, body))
+        return await self._run(openai_routes.chat_completions(self, body), openai=True)
 
 
 def _piece(chunk: ChunkBody, index: int) -> str:
@@ -203,7 +238,7 @@ def _busy(session_id: str):
 
 async def _collect(events) -> dict:
     out: dict = {"answer": "", "contexts": [], "source_errors": []}
-    async for name, data in events:
+    async for name, data, *_ in events:
         if name == "token":
             out["answer"] += data["text"]
         elif name == "context":

@@ -31,6 +31,13 @@ class PipelineMetrics:
         self.rejected = Counter("stream2llm_admissions_rejected", "Sessions answered 429", registry=r)
         self.recovered = Counter("stream2llm_sessions_recovered", "Sessions replayed elsewhere", registry=r)
         self.aborted = Counter("stream2llm_sessions_aborted", "Sessions aborted", ["reason"], registry=r)
+        self.ingress_chunk_bytes = Counter(
+            "stream2llm_ingress_chunk_bytes", "Context chunk text bytes handled by this ingress replica "
+            "(client chunks, inline documents, the one-shot baseline; retriever sources stream to the "
+            "replicas and add nothing)", registry=r)
+        self.replica_chunks = Counter(
+            "stream2llm_replica_context_chunks", "Retrieved pieces the replicas pulled from retriever "
+            "actors themselves (one Ray hop each; the ingress got a summary)", registry=r)
         self.queued = Gauge("stream2llm_admission_queue", "Sessions waiting for admission", registry=r)
         self.pressure = Gauge("stream2llm_cluster_kv_projected_ratio", "Projected cluster KV use", registry=r)
 

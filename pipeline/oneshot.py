@@ -27,6 +27,7 @@ class BufferedPrompt:
 
     async def add(self, session: SessionLog, mode: str, text: str) -> int:
         """Same limit as a streamed session: the context it would hold after this piece."""
+        self._ing.metrics.ingress_chunk_bytes.inc(len(text.encode()))  # the baseline buffers text here
         ids = await self._ing.client.tokenize(session, text)
         total = len(ids) + (session.context_tokens if mode == "append" else 0)
         limit = self._ing.config.limits.max_context_tokens

@@ -1,7 +1,10 @@
 """OpenAI-compatible /v1/models, /v1/completions and /v1/chat/completions (streaming and not).
 
-One-shot generation on the engine replicas (`StreamingEngine.generate`), routed to the replica with
-the most free KV blocks; streaming answers use OpenAI's `data: {...}` chunks ending in `[DONE]`.
+One-shot generation on the engine replicas (`StreamingEngine.generate`), admitted by the central
+scheduler like sessions (`admit_request`: a lease on the replica it names, released when the
+request ends); streaming answers use OpenAI's `data: {...}` chunks ending in `[DONE]`. Errors are
+OpenAI's error object (`{"error": {"message", "type", "param", "code"}}`), also in-band after a
+stream started (a `data:` line with the error object, then `[DONE]`).
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ import uuid
 
 from fastapi.responses import StreamingResponse
 
-from pipeline.errors import BadRequest, LimitExceeded
+from pipeline.errors import AdmissionRejected, LimitExceeded, ModelNotFound, openai_error
+from pipeline.flows import cleanup
 from pipeline.schemas import ChatCompletionRequest, CompletionRequest
+
+CHARS_PER_TOKEN = 3  # admission estimate of a prompt's tokens (the ingress has no tokenizer)
 
 
 def models(config) -> dict:
@@ -24,7 +30,8 @@ def models(config) -> dict:
 
 def _check(ing, model: str, max_tokens: int) -> None:
     if model != ing.config.model.served_name:
-        raise BadRequest(f"unknown model {model!r}; this server serves {ing.config.model.served_name!r}")
+        raise ModelNotFound(f"The model {model!r} does not exist; this server serves "
+                            f"{ing.config.model.served_name!r}")
     if max_tokens > ing.config.limits.max_answer_tokens:
         raise LimitExceeded(f"max_tokens {max_tokens} exceeds {ing.config.limits.max_answer_tokens}")
 
@@ -44,35 +51,59 @@ async def chat_completions(ing, body: ChatCompletionRequest):
     return await _respond(ing, body, {"messages": messages}, body.answer_tokens(), "chat.completion", _chat_choice)
 
 
+async def _admit(ing, prompt: str | dict, max_tokens: int) -> tuple[str, str]:
+    request_id = uuid.uuid4().hex
+    chars = len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt["messages"])
+    decision = await ing.scheduler.admit_request.remote(
+        request_id, chars // CHARS_PER_TOKEN + max_tokens, ing.config.limits.admission_timeout_s)
+    if "rejected" in decision:
+        raise AdmissionRejected(decision["rejected"], decision["retry_after_s"])
+    return request_id, decision["replica_id"]
+
+
 async def _respond(ing, body, prompt: str | dict, max_tokens: int, kind: str, choice):
     """`prompt` is text, or {"messages": [...]} for the replica to render with the chat template."""
+    request_id, replica_id = await _admit(ing, prompt, max_tokens)
     text, extra = (None, prompt) if isinstance(prompt, dict) else (prompt, {})
-    stream = ing.handle.options(stream=True).generate.remote(text, _sampling(body, max_tokens), **extra)
-    rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex}"
+    stream = ing.handle.options(stream=True).generate.remote(text, _sampling(body, max_tokens), route_to=replica_id,
+                                                             **extra)
+    rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{request_id}"
     head = {"id": rid, "created": int(time.time()), "model": body.model}
+    async def release():
+        await ing.scheduler.release.remote(request_id)
+
     if body.stream:
-        return StreamingResponse(_chunks(ing, stream, head, kind, choice), media_type="text/event-stream")
-    text, reason, stats = "", None, {}
-    async for item in stream:
-        if "stats" in item:
-            stats = item["stats"]
-            continue
-        text += item["text"]
-        reason = item["finish_reason"] or reason
+        return StreamingResponse(_chunks(ing, stream, head, kind, choice, release),
+                                 media_type="text/event-stream")
+    try:
+        text, reason, stats = "", None, {}
+        async for item in stream:
+            if "stats" in item:
+                stats = item["stats"]
+                continue
+            text += item["text"]
+            reason = item["finish_reason"] or reason
+    finally:
+        await cleanup(release())
     ing.metrics.observe_final(kind, stats)
     usage = {"prompt_tokens": stats.get("context_tokens", 0), "completion_tokens": stats.get("output_tokens", 0)}
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return {**head, "object": kind, "choices": [choice(text, reason, final=True)], "usage": usage}
 
 
-async def _chunks(ing, stream, head: dict, kind: str, choice):
+async def _chunks(ing, stream, head: dict, kind: str, choice, release):
     obj = f"{kind}.chunk" if kind.startswith("chat") else kind
-    async for item in stream:
-        if "stats" in item:
-            ing.metrics.observe_final(kind, item["stats"])
-            continue
-        payload = {**head, "object": obj, "choices": [choice(item["text"], item["finish_reason"], final=False)]}
-        yield f"data: {json.dumps(payload)}\n\n"
+    try:
+        async for item in stream:
+            if "stats" in item:
+                ing.metrics.observe_final(kind, item["stats"])
+                continue
+            payload = {**head, "object": obj, "choices": [choice(item["text"], item["finish_reason"], final=False)]}
+            yield f"data: {json.dumps(payload)}\n\n"
+    except Exception as e:  # the status line is gone: OpenAI's error object in-band
+        yield f"data: {json.dumps(openai_error(e))}\n\n"
+    finally:
+        await cleanup(release())
     yield "data: [DONE]\n\n"
 
 

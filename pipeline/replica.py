@@ -18,9 +18,11 @@ import ray
 from ray import serve
 
 from engine.api import ContextTooLongError, SamplingConfig, SessionNotFoundError
+from pipeline.answers import AnswerLogs
 from pipeline.central import get_or_create_scheduler
 from pipeline.config import AppConfig
-from pipeline.errors import ContextLimitExceeded
+from pipeline.errors import ContextLimitExceeded, SessionConflict, SessionGone
+from pipeline.replica_context import ContextLimits, RetrieverCall, Tokenizer, coalesce, pull, pump
 
 log = logging.getLogger("stream2llm.replica")
 
@@ -42,6 +44,10 @@ class EngineReplica:
         self._busy: set[str] = set()
         self._last_stats: dict = {}
         self._pressure: dict = {}
+        self._tokenize = Tokenizer(self._engine.tokenize)
+        limits = self._config.limits
+        self._answers = AnswerLogs(grace_s=limits.resume_grace_s, keep_s=limits.session_ttl_s)
+        self._header: str | None = None
         self._scheduler = get_or_create_scheduler(self._config)
         self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
 
@@ -63,28 +69,62 @@ class EngineReplica:
         self._known(session_id)
         self._busy.add(session_id)
         try:
+            ids = await self._tokenize(text)  # once, on a worker thread
             if limit is not None:
                 kept = self._engine.session_stats(session_id).context_tokens if keep else 0
-                total = kept + len(self._engine.tokenize(text))
-                if total > limit:
-                    raise ContextLimitExceeded(f"context of {total} tokens exceeds the limit of {limit} "
-                                               "tokens; the session keeps its previous context")
-            return await fn(session_id, text)
+                if kept + len(ids) > limit:
+                    raise ContextLimitExceeded(f"context of {kept + len(ids)} tokens exceeds the limit of "
+                                               f"{limit} tokens; the session keeps its previous context")
+            return await fn(session_id, token_ids=ids)
         except ContextTooLongError as e:
             raise ContextLimitExceeded(str(e)) from None
         finally:
             self._busy.discard(session_id)
             self._touch(session_id)
 
-    async def finish(self, session_id: str, question: str, sampling: dict | None = None, route_to=None):
-        """Stream answer deltas as dicts, then one {"stats": ...} item. Cancellation aborts."""
+    async def stream_context(self, session_id: str, call: RetrieverCall, route_to=None):
+        """Pull a retriever actor's stream into the session (prefilling each piece as it comes);
+        yield (event, data) summaries: context, context_skipped, source_error, retrieval_done."""
         self._known(session_id)
         self._busy.add(session_id)
+        limits = ContextLimits(self._config.limits.max_chunks_per_session, self._config.limits.max_context_tokens)
+        try:
+            async for item in pump(self._engine, self._tokenize, session_id, await self._prompt_header(),
+                                   pull(call), limits):
+                yield item
+        finally:
+            self._busy.discard(session_id)
+            self._touch(session_id)
+
+    async def finish(self, session_id: str, question: str, sampling: dict | None = None,
+                     after_tokens: int = 0, route_to=None):
+        """Start the answer (in a task of this replica) and stream it from `after_tokens` on:
+        coalesced deltas, then one {"stats": ...} item; every item carries `tokens` (the answer's
+        tokens so far). A second finish of the session is a `SessionConflict` (409)."""
+        if self._answers.get(session_id) is not None:
+            raise SessionConflict(f"session {session_id} was already finished; reconnect with "
+                                  "Last-Event-ID to get the rest of its answer")
+        self._known(session_id)
+        self._busy.add(session_id)
+        log = self._answers.start(session_id, self._produce(session_id, question, sampling))
+        async for item in log.tail(after_tokens):
+            yield item
+
+    async def resume(self, session_id: str, after_tokens: int = 0, route_to=None):
+        """The rest of an answer this replica generated (or is generating), after `after_tokens`."""
+        log = self._answers.get(session_id)
+        if log is None:
+            raise SessionGone(f"no answer of session {session_id!r} on this replica (expired, or its "
+                              "replica was lost)")
+        async for item in log.tail(after_tokens):
+            yield item
+
+    async def _produce(self, session_id: str, question: str, sampling: dict | None):
         done = False
         try:
-            async for delta in self._engine.finish(session_id, question, sampling=SamplingConfig(**(sampling or {}))):
-                yield {"text": delta.text, "token_ids": list(delta.token_ids),
-                       "finished": delta.finished, "finish_reason": delta.finish_reason}
+            deltas = self._engine.finish(session_id, question, sampling=SamplingConfig(**(sampling or {})))
+            async for item in coalesce(_items(deltas)):
+                yield item
             done = True
             yield {"stats": self._session_stats(session_id)}
         except ContextTooLongError as e:
@@ -108,16 +148,18 @@ class EngineReplica:
         deltas = self._engine.generate(prompt, token_ids=token_ids, sampling=SamplingConfig(**(sampling or {})),
                                        stats=stats, cache_salt=cache_salt)
         try:
-            async for delta in deltas:
-                yield {"text": delta.text, "token_ids": list(delta.token_ids),
-                       "finished": delta.finished, "finish_reason": delta.finish_reason}
+            async for item in _items(deltas):
+                yield item
         except ContextTooLongError as e:
             raise ContextLimitExceeded(str(e)) from None
         yield {"stats": {**asdict(stats), "ttft_s": stats.ttft_s, "replica_id": self.replica_id}}
 
     async def abort(self, session_id: str, route_to=None) -> bool:
-        """Abort and free KV; False when the session was not open here."""
+        """Abort (its answer too) and free KV; False when the session was not open here."""
+        answering = self._answers.cancel(session_id)
         self._forget(session_id)
+        if answering:
+            return True  # the answer task aborts the engine session as it ends
         return await self._abort_quietly(session_id)
 
     async def _abort_quietly(self, session_id: str) -> bool:
@@ -151,6 +193,11 @@ class EngineReplica:
         from engine.prompt import RagPrompt
 
         return RagPrompt(self._engine.tokenizer).template_parts()
+
+    async def _prompt_header(self) -> str:
+        if self._header is None:
+            self._header = (await self.prompt_template())["header"]
+        return self._header
 
     async def info(self, route_to=None) -> dict:
         return {"replica_id": self.replica_id, "node_id": self.node_id,
@@ -206,6 +253,7 @@ class EngineReplica:
         self._pressure = await self._scheduler.report.remote(report)
 
     async def _expire_idle(self) -> None:
+        self._answers.expire()
         ttl = self._config.limits.session_ttl_s
         now = time.monotonic()
         for sid, touched in list(self._touched.items()):
@@ -224,6 +272,15 @@ class EngineReplica:
         reporter = getattr(self, "_reporter", None)
         if reporter is not None:
             reporter.cancel()
+        if getattr(self, "_tokenize", None) is not None:
+            self._tokenize.close()
         engine = getattr(self, "_engine", None)
         if engine is not None:
             await engine.shutdown()
+
+
+async def _items(deltas):
+    """Engine `OutputDelta`s as plain dicts (what crosses Ray)."""
+    async for delta in deltas:
+        yield {"text": delta.text, "token_ids": list(delta.token_ids),
+               "finished": delta.finished, "finish_reason": delta.finish_reason}

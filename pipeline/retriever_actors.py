@@ -1,22 +1,22 @@
 """Adapter to the retriever Ray actors (`retrievers.ray_actors`, streaming generators).
 
-Crawl, search, vector and trace sources run in retriever actors; their streaming generators are
-consumed in the ingress (awaiting each ref, never blocking `ray.get`) and every chunk is forwarded
-to the session's replica as it arrives. With `retrievers.crawler_site: local` the pipeline starts
+Crawl, search, vector and trace sources run in retriever actors. The ingress resolves a source to
+a `RetrieverCall` (actor handle + arguments) and hands it to the session's replica, which calls the
+actor's streaming generator itself (`pipeline.replica_context`): chunk text goes retriever ->
+replica and never through the ingress. `stream` consumes the same call locally (the one-shot
+baseline, which buffers its prompt before generating). With `retrievers.crawler_site: local` the pipeline starts
 the offline corpus web site (loopback only) in a small actor and crawls/searches it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 
 import ray
 
 from pipeline.errors import BadRequest, SourceUnavailable
-
-log = logging.getLogger("stream2llm.retrievers")
+from pipeline.replica_context import RetrieverCall, pull
 
 
 @ray.remote(num_cpus=0)
@@ -41,33 +41,25 @@ class RetrieverActors:
         self._lock = asyncio.Lock()
 
     def stream(self, source, question: str):
-        return self._events(source, question)
+        """The source's events, consumed here (the one-shot baseline)."""
+        async def events():
+            async for event in pull(await self.call(source, question)):
+                yield event
 
-    async def _events(self, source, question: str):
-        refs = await self._open(source, question)
-        exhausted = False
-        try:
-            async for ref in refs:
-                yield await ref
-            exhausted = True
-        finally:
-            if not exhausted:  # the client left or the flow stopped early: stop fetching for it
-                try:
-                    ray.cancel(refs)
-                except Exception as e:
-                    log.debug("cancelling a retriever stream failed: %r", e)
+        return events()
 
-    async def _open(self, source, question: str):
+    async def call(self, source, question: str) -> RetrieverCall:
+        """The retriever actor and arguments of a source, for a replica to call."""
         if source.type in ("crawl", "search"):
             actor = await self._crawler()
             if source.type == "crawl":
-                return actor.stream.remote(None, [self._absolute(u) for u in source.seed_urls])
-            return actor.stream.remote(source.query or question)
+                return RetrieverCall(actor, (None, [self._absolute(u) for u in source.seed_urls]))
+            return RetrieverCall(actor, (source.query or question,))
         if source.type == "trace":
             return await self._replay(source.trace)
         if source.type == "vector":
             actor = await self._vector(source.top_k or self._settings.vector_top_k)
-            return actor.stream.remote(source.query or question)
+            return RetrieverCall(actor, (source.query or question,))
         raise BadRequest(f"no retriever actor for source type {source.type!r}")
 
     async def _crawler(self):
@@ -109,7 +101,8 @@ class RetrieverActors:
                 path = Path(self._settings.vector_index or index_dir(IndexSpec()))
                 if not path.exists():
                     raise SourceUnavailable(f"no vector index at {path}; build it with `stream2llm index`")
-                self._actors[key] = VectorActor.options(num_cpus=self._settings.num_cpus).remote(str(path), k)
+                self._actors[key] = VectorActor.options(**self._settings.vector_actor_options()).remote(
+                    str(path), k, use_gpu=self._settings.vector_on_gpu)
             return self._actors[key]
 
     async def _replay(self, name: str):
@@ -119,7 +112,7 @@ class RetrieverActors:
         if "replay" not in self._actors:
             self._actors["replay"] = ReplayActor.options(num_cpus=self._settings.num_cpus).remote(
                 self._settings.trace_multiplier)
-        return self._actors["replay"].stream.remote(trace)
+        return RetrieverCall(self._actors["replay"], (trace,))
 
     def _trace_dir(self) -> Path:
         if self._settings.trace_dir:

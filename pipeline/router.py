@@ -5,7 +5,11 @@ session was admitted; the router sends the call there, so every chunk of a sessi
 replica that holds its KV. Calls without it (OpenAI endpoints, stats) go to the replica with the
 most free KV blocks according to `record_routing_stats`. When the named replica is gone (killed,
 scaled down) the call goes to the best other replica, which answers `SessionNotFoundError`, and
-the ingress replays the session's context log there (recovery).
+the ingress replays the session's context there (recovery).
+
+Only a replica the router has never listed is waited for (one just started); one it listed
+before and no longer lists is gone, and calls for it fall back at once: a dead replica never
+stalls routing.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 
 # A session is admitted to a replica as soon as that replica reports to the central scheduler,
 # which can be a moment before Serve's routers list it (a replica just added by autoscaling).
-# Opening the session waits for it this long instead of landing on another replica; later calls
-# fall back at once (their replica died: the other one answers SessionNotFound -> recovery).
+# Opening the session waits for such a new replica this long instead of landing on another one;
+# later calls, and calls for a replica this router listed before (it died), fall back at once
+# (the other replica answers SessionNotFound -> recovery).
 OPEN_WAIT_S = 15.0
+SEEN_MAX = 4096  # replica ids remembered (a bounded set: a long-lived router sees many replicas)
 
 
 def _free_blocks(replica: RunningReplica) -> int:
@@ -39,16 +45,28 @@ def rank_for_request(candidates: list[RunningReplica], target: str | None) -> li
 class AffinityRouter(RequestRouter):
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        seen = self._seen_ids(candidate_replicas)
         target = None
         if pending_request is not None:
             target = pending_request.kwargs.get("route_to")
-            if target and _waits_for(pending_request, target, candidate_replicas):
+            if target and _waits_for(pending_request, target, candidate_replicas, seen):
                 return []  # Serve backs off and asks again with a fresh candidate list
         return rank_for_request(candidate_replicas, target)
 
+    def _seen_ids(self, candidates: list[RunningReplica]) -> dict[str, None]:
+        seen = getattr(self, "_seen", None)
+        if seen is None:
+            seen = self._seen = {}
+        for r in candidates:
+            seen[r.replica_id.unique_id] = None
+        while len(seen) > SEEN_MAX:
+            del seen[next(iter(seen))]  # oldest first (dicts keep insertion order)
+        return seen
 
-def _waits_for(request: PendingRequest, target: str, candidates: list[RunningReplica]) -> bool:
-    if any(r.replica_id.unique_id == target for r in candidates):
+
+def _waits_for(request: PendingRequest, target: str, candidates: list[RunningReplica], seen) -> bool:
+    """Wait only for a replica never listed yet (just started), and only to open a session."""
+    if target in seen or any(r.replica_id.unique_id == target for r in candidates):
         return False
     opening = request.metadata.call_method == "open_session"
     return opening and time.time() - request.created_at < OPEN_WAIT_S

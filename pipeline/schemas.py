@@ -56,14 +56,20 @@ class OpenStream(_Body):
     source_type: StrictStr = Field("client", min_length=1, max_length=32)
 
 
+SEQ_DOC = ("Client sequence number of this change, increasing per session: a change whose seq is not above "
+           "the last applied one is a retry and a no-op (answered with the session's summary, duplicate=true).")
+
+
 class ChunkBody(_Body):
-    text: StrictStr = Field(min_length=1)
-    source_id: StrictStr | None = None
-    title: StrictStr | None = None
+    text: StrictStr = Field(min_length=1, description="The chunk's text.")
+    source_id: StrictStr | None = Field(None, description="Names the document (citations).")
+    title: StrictStr | None = Field(None, description="The document's title.")
+    seq: StrictInt | None = Field(None, ge=0, description=SEQ_DOC)
 
 
 class ReplaceBody(_Body):
-    chunks: list[ChunkBody] = Field(min_length=1)
+    chunks: list[ChunkBody] = Field(min_length=1, description="The whole new context, in order.")
+    seq: StrictInt | None = Field(None, ge=0, description=SEQ_DOC)
 
 
 class FinishBody(_Body):

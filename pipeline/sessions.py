@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from pipeline.errors import LimitExceeded, SessionGone
+from pipeline.errors import LimitExceeded, SessionConflict, SessionGone
 
 
 @dataclass
@@ -21,6 +21,10 @@ class SessionLog:
     replica_id: str
     node_id: str = ""
     ops: list[tuple[str, str]] = field(default_factory=list)   # ("append" | "replace", text)
+    retrieval: object | None = None     # a RetrieverCall the replica ran (no text kept here)
+    retrieval_done: bool = False
+    retrieved_chunks: int = 0           # pieces the replica prefilled from `retrieval`
+    last_seq: int = -1                  # highest client sequence number applied (idempotent appends)
     sources: list[dict] = field(default_factory=list)         # citations, in arrival order
     context_tokens: int = 0
     recovered: int = 0
@@ -30,7 +34,7 @@ class SessionLog:
 
     @property
     def chunks(self) -> int:
-        return len(self.ops)
+        return len(self.ops) + self.retrieved_chunks
 
     def touch(self) -> None:
         self.touched_at = time.monotonic()
@@ -55,6 +59,16 @@ class SessionTable:
         self.ttl_s = ttl_s
         self.max_chunks = max_chunks
         self._logs: dict[str, SessionLog] = {}
+        self._finished: dict[str, float] = {}   # finished session -> when (a second finish is a 409)
+
+    def mark_finished(self, session_id: str) -> None:
+        self._logs.pop(session_id, None)
+        self._finished[session_id] = time.monotonic()
+
+    def check_not_finished(self, session_id: str) -> None:
+        if session_id in self._finished:
+            raise SessionConflict(f"session {session_id} was already finished; reconnect with "
+                                  "Last-Event-ID to get the rest of its answer")
 
     def add(self, log: SessionLog) -> None:
         self._logs[log.session_id] = log
@@ -80,6 +94,8 @@ class SessionTable:
                if now - log.touched_at > self.ttl_s and not log.lock.locked()]
         for log in out:
             del self._logs[log.session_id]
+        for sid in [s for s, at in self._finished.items() if now - at > self.ttl_s]:
+            del self._finished[sid]
         return out
 
     def __len__(self) -> int:

@@ -210,7 +210,7 @@ def test_openai_models_and_completions(base):
     assert r.status_code == 200 and body["object"] == "text_completion"
     assert body["usage"]["completion_tokens"] == 5 and body["choices"][0]["text"]
     r = post(base, "/v1/completions", {"model": "other", "prompt": "Hello"})
-    assert r.status_code == 400 and "unknown model" in r.json()["reason"]
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 
 
 def test_openai_chat_streaming_and_not(base):
@@ -250,15 +250,25 @@ def test_big_sessions_spread_over_replicas_then_queue_then_429(base):
     assert huge.status_code == 429
 
 
+def _metric(text: str, prefix: str) -> float:
+    lines = [ln for ln in text.splitlines() if ln.startswith(prefix)]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
 def test_metrics_and_health(base):
+    """Self-contained (passes alone and in any order): it makes the TTFT and the rejection it counts."""
     assert httpx.get(f"{base}/healthz").json()["ok"] is True
+    before = httpx.get(f"{base}/metrics", timeout=30).text
+    s = open_stream(base)
+    append(base, s["session_id"], "context " * 20)
+    finish(base, s["session_id"])
+    assert post(base, "/v1/streams", {"source_type": "huge"}).status_code == 429  # larger than any replica
     text = httpx.get(f"{base}/metrics", timeout=30).text
-    assert "stream2llm_ttft_seconds_count" in text
-    ttft_count = [ln for ln in text.splitlines() if ln.startswith('stream2llm_ttft_seconds_count{endpoint="streams"}')]
-    assert ttft_count and float(ttft_count[0].split()[-1]) >= 1
+    ttft = 'stream2llm_ttft_seconds_count{endpoint="streams"}'
+    assert _metric(text, ttft) >= _metric(before, ttft) + 1
     assert text.count("stream2llm_kv_usage_ratio{replica=") == 2
-    rejected = [ln for ln in text.splitlines() if ln.startswith("stream2llm_admissions_rejected_total")]
-    assert rejected and float(rejected[0].split()[-1]) >= 3
+    rejected = "stream2llm_admissions_rejected_total"
+    assert _metric(text, rejected) >= _metric(before, rejected) + 1
 
 
 # ---- lifetime and faults (cluster-changing tests last) -------------------------------------------------

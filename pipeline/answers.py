@@ -1,0 +1,123 @@
+"""Answers kept on the replica that generated them, so that a client (through any ingress) can
+resume one after a lost connection without re-running retrieval or generation.
+
+Generation runs in a task owned by the replica and writes coalesced deltas into an `AnswerLog`;
+callers tail the log from a token cursor (the tokens they already have). When nobody is tailing
+an unfinished answer for `grace_s` (the client left and did not reconnect, or its ingress died and
+the client gave up), the generation is cancelled and its KV freed. Finished logs are kept for
+`keep_s`, then dropped; a second `finish` of the same session is refused (409), never answered twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+
+class AnswerLog:
+    def __init__(self, producer: AsyncIterator[dict], grace_s: float):
+        self.items: list[dict] = []        # {"text", "token_ids", "finished", "finish_reason"}
+        self.stats: dict | None = None
+        self.error: BaseException | None = None
+        self.done_at: float | None = None
+        self._grace_s = grace_s
+        self._watchers = 0
+        self._changed = asyncio.Event()
+        self._reaper: asyncio.Task | None = None
+        self._task = asyncio.get_running_loop().create_task(self._run(producer))
+
+    @property
+    def done(self) -> bool:
+        return self.done_at is not None
+
+    async def _run(self, producer) -> None:
+        try:
+            async for item in producer:
+                if "stats" in item:
+                    self.stats = item["stats"]
+                else:
+                    self.items.append(item)
+                self._notify()
+        except BaseException as e:  # cancellation included: tails must not wait forever
+            self.error = e
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            self.done_at = time.monotonic()
+            self._notify()
+
+    def _notify(self) -> None:
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    async def tail(self, after_tokens: int = 0) -> AsyncIterator[dict]:
+        """Items after the first `after_tokens` answer tokens (a straddling item is cut), then
+        {"stats": ...}. Each item carries `tokens`: the answer tokens up to and including it."""
+        self._watchers += 1
+        try:
+            i, seen = 0, 0
+            while True:
+                if i < len(self.items):
+                    item, i = self.items[i], i + 1
+                    ids = item["token_ids"]
+                    seen += len(ids)
+                    if seen > after_tokens:
+                        skip = max(0, len(ids) - (seen - after_tokens))
+                        yield {**item, "token_ids": ids[skip:], "text": item["text"] if skip == 0 else "",
+                               "tokens": seen}
+                    continue
+                if self.done:
+                    break
+                await self._changed.wait()
+            if self.error is not None:
+                raise self.error if isinstance(self.error, Exception) else AnswerCancelled()
+            yield {"stats": self.stats or {}, "tokens": seen}
+        finally:
+            self._watchers -= 1
+            if self._watchers == 0 and not self.done:
+                self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        await asyncio.sleep(self._grace_s)
+        if self._watchers == 0 and not self.done:
+            self._task.cancel()
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+
+class AnswerCancelled(RuntimeError):
+    """The answer was cancelled (nobody tailed it within the grace period, or it was aborted)."""
+
+
+class AnswerLogs:
+    """The replica's answer logs by session id, kept `keep_s` after they end."""
+
+    def __init__(self, grace_s: float, keep_s: float):
+        self._grace_s, self._keep_s = grace_s, keep_s
+        self._logs: dict[str, AnswerLog] = {}
+
+    def start(self, session_id: str, producer: AsyncIterator[dict]) -> AnswerLog:
+        log = self._logs[session_id] = AnswerLog(producer, self._grace_s)
+        return log
+
+    def get(self, session_id: str) -> AnswerLog | None:
+        return self._logs.get(session_id)
+
+    def cancel(self, session_id: str) -> bool:
+        log = self._logs.get(session_id)
+        if log is None or log.done:
+            return False
+        log.cancel()
+        return True
+
+    def expire(self, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        old = [s for s, log in self._logs.items() if log.done and now - log.done_at > self._keep_s]
+        for s in old:
+            del self._logs[s]
+        return len(old)
+
+    def __len__(self) -> int:
+        return len(self._logs)

@@ -1,0 +1,163 @@
+"""The data plane on the replica: retriever stream -> prefill, and answer deltas -> coalesced items.
+
+The replica that holds a session calls the retriever actor's streaming generator itself (Ray
+cannot hand an `ObjectRefGenerator` from one actor to another, so the ingress passes the actor
+handle and the call's arguments), tokenizes each piece once on a worker thread and prefills it,
+and yields compact events to the ingress: context summaries (sources, token counts, no text),
+source errors, skipped pieces and the retrieval summary. Chunk text makes one Ray hop: retriever
+actor -> replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import ray
+
+from engine.api import ContextTooLongError
+from pipeline.sources import AppendChunk, Done, ReplaceContext, SourceError, citation, event_text
+
+log = logging.getLogger("stream2llm.replica")
+
+COALESCE_S = 0.005  # answer deltas produced within this window travel as one item
+
+
+@dataclass(frozen=True)
+class RetrieverCall:
+    """A retriever actor's `stream` method and its arguments; picklable (handles are)."""
+
+    actor: object
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+async def pull(call: RetrieverCall) -> AsyncIterator:
+    """The events of a retriever actor's streaming generator (awaited refs, never `ray.get`)."""
+    refs = call.actor.stream.remote(*call.args, **call.kwargs)
+    exhausted = False
+    try:
+        async for ref in refs:
+            yield await ref
+        exhausted = True
+    finally:
+        if not exhausted:  # the caller left or stopped early: stop the retriever working for it
+            try:
+                ray.cancel(refs)
+            except Exception as e:
+                log.debug("cancelling a retriever stream failed: %r", e)
+
+
+class Tokenizer:
+    """Tokenizes off the event loop, on one worker thread (one encode at a time: HF fast
+    tokenizers must not be used from several threads at once)."""
+
+    def __init__(self, encode):
+        self._encode = encode
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+
+    async def __call__(self, text: str) -> list[int]:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._encode, text)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class ContextLimits:
+    max_chunks: int
+    max_context_tokens: int
+
+
+async def pump(engine, tokenize: Tokenizer, session_id: str, header: str, events: AsyncIterator,
+               limits: ContextLimits) -> AsyncIterator[tuple[str, dict]]:
+    """Prefill the header, then each retrieved piece as it arrives; yield (event, data) summaries."""
+    chunks = 0
+    await engine.append(session_id, token_ids=await tokenize(header))
+    async for event in events:
+        if isinstance(event, SourceError):
+            yield "source_error", {"source": event.source, "reason": event.reason}
+        elif isinstance(event, Done):
+            yield "retrieval_done", dict(event.summary)
+            return
+        elif isinstance(event, (AppendChunk, ReplaceContext)):
+            item = await _prefill(engine, tokenize, session_id, header, event, chunks, limits)
+            chunks += item[0] == "context"
+            yield item
+
+
+async def _prefill(engine, tokenize, session_id, header, event, chunks, limits) -> tuple[str, dict]:
+    mode = "append" if isinstance(event, AppendChunk) else "replace"
+    sources = citation(event)
+    text = event_text(event) if mode == "append" else header + event_text(event)
+    ids = await tokenize(text)
+    kept = engine.session_stats(session_id).context_tokens if mode == "append" else 0
+    reason = None
+    if chunks >= limits.max_chunks:
+        reason = f"session {session_id} already has {chunks} chunks (limit {limits.max_chunks})"
+    elif kept + len(ids) > limits.max_context_tokens:
+        reason = (f"context of {kept + len(ids)} tokens exceeds the limit of {limits.max_context_tokens} "
+                  "tokens; the session keeps its previous context")
+    if reason is None:
+        try:
+            fn = engine.append if mode == "append" else engine.update
+            tokens = await fn(session_id, token_ids=ids)
+            return "context", {"mode": mode, "sources": sources, "context_tokens": tokens}
+        except ContextTooLongError as e:  # the engine's own limit (model length)
+            reason = str(e)
+    return "context_skipped", {"mode": mode, "sources": sources, "reason": reason}
+
+
+async def coalesce(deltas: AsyncIterator, window_s: float = COALESCE_S) -> AsyncIterator[dict]:
+    """Answer items ({"text", "token_ids", "finished", "finish_reason"}) merged so that at most one
+    leaves per `window_s`; the first leaves at once. A background task reads `deltas`, so a slow
+    consumer never slows the engine down; errors surface in order."""
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def feed():
+        try:
+            async for item in deltas:
+                queue.put_nowait(item)
+            queue.put_nowait(end)
+        except BaseException as e:  # re-raised on the consumer's side
+            queue.put_nowait(e)
+
+    task = asyncio.get_running_loop().create_task(feed())
+    last = 0.0
+    try:
+        while True:
+            item = await queue.get()
+            wait = last + window_s - time.monotonic()
+            if item is not end and not isinstance(item, BaseException) and wait > 0:
+                await asyncio.sleep(wait)
+            batch = [item]
+            while not queue.empty() and _mergeable(batch[-1]):
+                batch.append(queue.get_nowait())
+            merged = [b for b in batch if _mergeable(b)]
+            if merged:
+                last = time.monotonic()
+                yield _merge(merged)
+            tail = batch[-1]
+            if tail is end:
+                return
+            if isinstance(tail, BaseException):
+                raise tail
+    finally:
+        task.cancel()
+
+
+def _mergeable(item) -> bool:
+    return isinstance(item, dict)
+
+
+def _merge(items: list[dict]) -> dict:
+    if len(items) == 1:
+        return items[0]
+    return {"text": "".join(i["text"] for i in items),
+            "token_ids": [t for i in items for t in i["token_ids"]],
+            "finished": items[-1]["finished"], "finish_reason": items[-1]["finish_reason"]}

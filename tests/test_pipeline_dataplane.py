@@ -1,0 +1,177 @@
+"""The replica-side data plane without Ray: the retriever pump, answer coalescing, answer logs
+(resume by token cursor, grace-period cancellation), event ids and the router's wait rule.
+
+The engine here is a small fake behind the `StreamingEngine` calls the pump makes (append, update,
+session_stats); the pipeline tests run the real engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline.answers import AnswerCancelled, AnswerLog, AnswerLogs
+from pipeline.flows import answer_event_id, parse_event_id
+from pipeline.replica_context import ContextLimits, coalesce, pump
+from pipeline.router import _waits_for
+from retrievers.events import AppendChunk, Chunk, Done, ReplaceContext, SourceError
+
+
+class FakeEngine:
+    def __init__(self):
+        self.context: list[int] = []
+        self.calls: list[str] = []
+
+    async def append(self, session_id, token_ids):
+        self.calls.append("append")
+        self.context += list(token_ids)
+        return len(self.context)
+
+    async def update(self, session_id, token_ids):
+        self.calls.append("update")
+        self.context = list(token_ids)
+        return len(self.context)
+
+    def session_stats(self, session_id):
+        return SimpleNamespace(context_tokens=len(self.context))
+
+
+async def _words(text: str) -> list[int]:
+    return [len(w) for w in text.split()]
+
+
+async def _events(items):
+    for item in items:
+        yield item
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_pump_prefills_pieces_and_yields_summaries_without_text():
+    engine = FakeEngine()
+    chunk = Chunk("b c", "s2", "doc2", "T2")
+    events = [AppendChunk("a a a", "s1", "doc1", "T1"), SourceError("http://x", "timeout"),
+              ReplaceContext((chunk,)), AppendChunk("x " * 50, "s3", "doc3", "T3"), Done({"chunks": 2})]
+
+    async def go():
+        return [i async for i in pump(engine, _words, "sid", "head er", _events(events), ContextLimits(5, 20))]
+
+    out = _run(go())
+    names = [n for n, _ in out]
+    assert names == ["context", "source_error", "context", "context_skipped", "retrieval_done"]
+    assert engine.calls == ["append", "append", "update"]  # header, piece, replace; the big piece skipped
+    assert out[0][1]["sources"][0]["source_id"] == "s1" and "text" not in out[0][1]
+    assert out[2][1]["mode"] == "replace" and out[2][1]["context_tokens"] == len(engine.context)
+    assert "exceeds the limit of 20" in out[3][1]["reason"]
+
+
+def test_pump_counts_the_chunk_limit():
+    engine = FakeEngine()
+    events = [AppendChunk(f"w{i}", f"s{i}", "d", "t") for i in range(3)] + [Done()]
+
+    async def go():
+        return [n async for n, _ in pump(engine, _words, "sid", "h", _events(events), ContextLimits(2, 999))]
+
+    assert _run(go()) == ["context", "context", "context_skipped", "retrieval_done"]
+
+
+def _delta(i, finished=False):
+    return {"text": f"t{i}", "token_ids": [i], "finished": finished, "finish_reason": "length" if finished else None}
+
+
+def test_coalesce_merges_what_waits_and_keeps_every_token_in_order():
+    async def burst():
+        for i in range(20):
+            yield _delta(i, finished=i == 19)
+
+    async def go():
+        return [item async for item in coalesce(burst(), window_s=0.05)]
+
+    items = _run(go())
+    assert [t for i in items for t in i["token_ids"]] == list(range(20))
+    assert "".join(i["text"] for i in items) == "".join(f"t{i}" for i in range(20))
+    assert len(items) < 20 and items[-1]["finished"] and items[-1]["finish_reason"] == "length"
+
+
+def test_coalesce_raises_the_producers_error_after_its_items():
+    async def failing():
+        yield _delta(0)
+        raise ValueError("engine broke")
+
+    async def go():
+        got = []
+        with pytest.raises(ValueError, match="engine broke"):
+            async for item in coalesce(failing()):
+                got.append(item)
+        return got
+
+    assert [i["token_ids"] for i in _run(go())] == [[0]]
+
+
+def test_answer_log_resumes_from_a_token_cursor():
+    async def answer():
+        yield {**_delta(0), "token_ids": [10, 11], "text": "ab"}
+        yield {**_delta(1), "token_ids": [12], "text": "c"}
+        yield {"stats": {"output_tokens": 3}}
+
+    async def go():
+        log = AnswerLog(answer(), grace_s=1.0)
+        full = [i async for i in log.tail(0)]
+        part = [i async for i in log.tail(1)]
+        return full, part
+
+    full, part = _run(go())
+    assert [i.get("token_ids") for i in full[:-1]] == [[10, 11], [12]] and full[-1]["stats"]["output_tokens"] == 3
+    assert [i["token_ids"] for i in part[:-1]] == [[11], [12]] and [i["tokens"] for i in part] == [2, 3, 3]
+
+
+def test_answer_nobody_reads_is_cancelled_after_the_grace_period():
+    async def go():
+        state = {"cancelled": False}
+        gate = asyncio.Event()
+
+        async def endless():
+            try:
+                yield _delta(0)
+                await gate.wait()
+            except asyncio.CancelledError:
+                state["cancelled"] = True
+                raise
+
+        logs = AnswerLogs(grace_s=0.05, keep_s=0.0)
+        log = logs.start("s", endless())
+        async for item in log.tail(0):
+            break  # the reader leaves mid-answer
+        for _ in range(200):
+            if log.done:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(AnswerCancelled):
+            async for _ in log.tail(0):
+                pass
+        logs.expire()
+        return state["cancelled"], logs.get("s")
+
+    was_cancelled, left = _run(go())
+    assert was_cancelled and left is None
+
+
+def test_event_ids_round_trip_and_context_ids_are_not_resumable():
+    assert parse_event_id(answer_event_id("abc", "r1x", 7)) == ("abc", "r1x", 7)
+    assert parse_event_id("abc.c3") is None and parse_event_id("garbage") is None
+
+
+def _request(method="open_session"):
+    import time
+
+    return SimpleNamespace(metadata=SimpleNamespace(call_method=method), created_at=time.time())
+
+
+def test_router_waits_only_for_a_replica_it_never_listed():
+    assert _waits_for(_request(), "new", [], seen={}) is True
+    assert _waits_for(_request(), "dead", [], seen={"dead": None}) is False  # listed before: gone
+    assert _waits_for(_request("append"), "new", [], seen={}) is False
