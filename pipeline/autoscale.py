@@ -10,9 +10,11 @@ scaling factors, min/max and the upscale/downscale delays apply to its decision
 
 Scale to zero is refused (`ReplicaSettings` rejects `min_replicas=0`): sessions are admitted by the
 central scheduler before any call reaches a replica, so Serve's cold-start path (requests queued at
-handles) never sees them. On scale-down Serve stops a replica of its choosing; the replica's shutdown
-marks it draining at the central scheduler (no new sessions) and waits for its open sessions
-(`pipeline.central_client.drain_replica`, bounded by `replicas.drain_timeout_s`).
+handles) never sees them. On scale-down Serve stops a replica of its choosing: it takes it out of
+routing and lets its in-flight calls (answer streams) finish within `graceful_shutdown_timeout_s`
+(`replicas.drain_timeout_s`); the replica's shutdown marks it draining at the central scheduler
+(`pipeline.central_client.drain_replica`), and a session still open on it moves by replay on its
+next call.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 
+import ray
+
 
 class CentralClient:
     """Batching wrapper of a `CentralScheduler` handle (one per process, used from one event loop)."""
@@ -67,21 +69,15 @@ class CentralClient:
                     future.set_result(decision)
 
 
-async def drain_replica(handle, replica_id: str, open_sessions, timeout_s: float,
-                        poll_s: float = 0.5) -> int:
-    """Scale-down of one replica: the central actor stops placing sessions on it, then wait until
-    `open_sessions()` (the replica's own count) is 0 or `timeout_s` passed; returns what is left open.
+async def drain_replica(handle, replica_id: str, timeout_s: float = 5.0) -> int | None:
+    """Scale-down of one replica: the central actor places no new session on it from now on.
 
-    Call it from the replica's shutdown (Serve calls `__del__` after in-flight requests ended and
-    allows `graceful_shutdown_timeout_s`); sessions still open after it are migrated by their
-    clients' replay when the replica is gone.
+    Returns the sessions still placed there (None when the actor did not answer in time). Serve
+    has already taken the stopping replica out of routing and let its in-flight calls finish
+    (within `graceful_shutdown_timeout_s`); a session still open on it moves by replay on its next
+    call (`admit(..., recovery=True)` excludes this replica). Call it from the replica's shutdown.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
     try:
-        await asyncio.wait_for(handle.drain.remote(replica_id), timeout=min(5.0, timeout_s))
-    except Exception:  # the central actor restarting: the replica still waits for its own sessions
-        pass
-    while (left := open_sessions()) > 0 and loop.time() < deadline:
-        await asyncio.sleep(poll_s)
-    return left
+        return await asyncio.wait_for(handle.drain.remote(replica_id), timeout=timeout_s)
+    except (asyncio.TimeoutError, ray.exceptions.RayError):
+        return None
