@@ -76,4 +76,5 @@ async def replay(engine, traces, arrivals, streaming: bool, seed: int = 0) -> di
         "makespan_s": max(s.done_at for s in stats) - zero, "preemptions": preemptions,
         "tokens_recomputed": sum(s.tokens_recomputed for s in stats),
         "num_requests": len(stats), "ttft_s": ttft,
+        "e2e_s": [s.done_at - s.finish_at for s in stats], "output_tokens": [s.output_tokens for s in stats],
     }
