@@ -35,8 +35,9 @@ class ReplicaSettings(_Section):
     ingress_num_cpus: float = Field(0.0, ge=0, description="CPUs of the HTTP ingress replica.")
     scheduler_num_cpus: float = Field(0.0, ge=0, description="CPUs of the central scheduler actor.")
     drain_timeout_s: float = Field(120.0, gt=0, description=(
-        "A replica chosen for scale-down stops taking sessions and waits this long at most for its open "
-        "sessions to end (Serve's graceful_shutdown_timeout_s)."))
+        "How long a replica chosen for scale-down may take to finish its in-flight calls (answer streams) "
+        "before it is stopped (Serve's graceful_shutdown_timeout_s); sessions still open on it then move by "
+        "replay to another replica."))
 
     @model_validator(mode="after")
     def _bounds(self):
