@@ -51,7 +51,7 @@ def engine_deployment(config: AppConfig):
 
 def ingress_deployment(config: AppConfig):
     return serve.deployment(serve.ingress(api)(IngressRoutes)).options(
-        name=INGRESS_DEPLOYMENT, num_replicas=1,
+        name=INGRESS_DEPLOYMENT, num_replicas=config.ingress.replicas,
         # On the head node, next to the Serve controller and the central scheduler actor.
         ray_actor_options={"num_cpus": config.replicas.ingress_num_cpus, "resources": {HEAD_NODE_RESOURCE: 0.001}},
         max_ongoing_requests=1024,

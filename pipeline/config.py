@@ -107,6 +107,14 @@ class SchedulerSettings(_Section):
         "A one-shot request's admission expires after this unless released first."))
 
 
+class IngressSettings(_Section):
+    replicas: int = Field(1, ge=1, description=(
+        "HTTP ingress replicas. Any replica serves any session (session records live in shard actors, "
+        "answers on the engine replicas), so more replicas add throughput and survive an ingress death."))
+    session_shards: int = Field(4, ge=1, description=(
+        "Actors holding streaming-input session records; a session's shard is a hash of its id."))
+
+
 class AuthSettings(_Section):
     bearer_tokens: list[str] = Field(default_factory=list, description="Accepted tokens; empty = no auth.")
 
@@ -121,6 +129,7 @@ class AppConfig(_Section):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    ingress: IngressSettings = Field(default_factory=IngressSettings)
 
     @model_validator(mode="after")
     def _placeable(self):

@@ -38,7 +38,6 @@ def parse_event_id(event_id: str) -> tuple[str, str, int] | None:
 async def answer_events(ing, session: SessionLog, question: str, sampling: dict, endpoint: str):
     """Yield ("token", delta, id) ... ("final", summary, id); the session is finished either way."""
     finished = False
-    ing.sessions.mark_finished(session.session_id)
     try:
         async with session.lock:
             session.touch()
@@ -114,7 +113,7 @@ def final_event(session: SessionLog, stats: dict) -> dict:
         "context_tokens": stats.get("context_tokens", session.context_tokens),
         "output_tokens": stats.get("output_tokens"),
         "chunks": session.chunks,
-        "open_s": round(time.monotonic() - session.created_at, 4),
+        "open_s": round(time.time() - session.created_at, 4),
     }
 
 
@@ -122,7 +121,6 @@ async def rag_events(ing, request):
     """Open a session, stream the source's context into it as it arrives, then answer."""
     started = time.monotonic()
     session = await ing.client.open(source_type(request.source))
-    ing.sessions.add(session)
     handed_over = False
     try:
         async with session.lock:
@@ -138,7 +136,6 @@ async def rag_events(ing, request):
             yield name, data, event_id
     finally:
         if not handed_over:
-            ing.sessions.pop(session.session_id)
             await cleanup(_abort(ing, session))
 
 

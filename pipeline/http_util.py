@@ -17,6 +17,7 @@ from pipeline.errors import (AdmissionRejected, error_body, http_status, is_open
 log = logging.getLogger("stream2llm.http")
 
 PUBLIC_PATHS = {"/healthz", "/metrics"}
+INGRESS_HEADER = "x-stream2llm-ingress"
 
 
 def sse(event: str, data, event_id: str | None = None) -> str:
@@ -97,13 +98,21 @@ class LimitsMiddleware(BaseHTTPMiddleware):
 
     max_bytes: int = 1 << 20
     tokens: list[bytes] = []
+    ingress_id: str = ""
 
     @classmethod
-    def configure(cls, max_bytes: int, tokens: list[str]) -> None:
+    def configure(cls, max_bytes: int, tokens: list[str], ingress_id: str = "") -> None:
         cls.max_bytes = max_bytes
         cls.tokens = [t.encode() for t in tokens]
+        cls.ingress_id = ingress_id
 
     async def dispatch(self, request: Request, call_next):
+        response = await self._dispatch(request, call_next)
+        if self.ingress_id:  # which ingress replica answered (operations, tests)
+            response.headers[INGRESS_HEADER] = self.ingress_id
+        return response
+
+    async def _dispatch(self, request: Request, call_next):
         if self.tokens and request.url.path not in PUBLIC_PATHS and not self._authorized(request):
             return plain_error(request.url.path, 401, "Unauthorized", "missing or wrong bearer token",
                                {"WWW-Authenticate": "Bearer"})

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from ray import serve
+
 from fastapi import FastAPI, Header
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -23,7 +25,7 @@ from pipeline.central import SchedulerUnavailable, get_or_create_scheduler, sche
 from pipeline.client import EngineClient
 from pipeline.config import AppConfig
 from pipeline.errors import AdmissionRejected, BadRequest, LimitExceeded, unwrap
-from pipeline.flows import answer_events, parse_event_id, rag_events, resume_events
+from pipeline.flows import answer_events, cleanup, parse_event_id, rag_events, resume_events
 from pipeline.http_util import (LimitsMiddleware, error_response, event_stream, first_then_rest,
                                 http_exception_response, validation_response)
 from pipeline.metrics import PipelineMetrics
@@ -32,7 +34,7 @@ from pipeline.prompt import PromptTemplate, fetch_template
 from pipeline.retriever_actors import RetrieverActors
 from pipeline.schemas import (ChatCompletionRequest, ChunkBody, CompletionRequest, FinishBody, OpenStream,
                               RagRequest, ReplaceBody)
-from pipeline.sessions import SessionTable
+from pipeline.session_store import SessionStore
 from pipeline.sources import format_piece, source_type
 
 log = logging.getLogger("stream2llm.ingress")
@@ -51,22 +53,13 @@ class Ingress:
         self.client = EngineClient(engine_handle, self.scheduler, limits)
         self.handle = engine_handle
         self.template: PromptTemplate | None = None  # the model's RAG prompt text, from a replica
-        self.sessions = SessionTable(limits.session_ttl_s, limits.max_chunks_per_session)
+        # Session records live in shard actors (any ingress replica serves any session); idle
+        # sessions are dropped there and aborted by their replicas after the TTL.
+        self.sessions = SessionStore(self.config)
         self.metrics = PipelineMetrics()
         self.actors = RetrieverActors(self.config)
-        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
-        LimitsMiddleware.configure(limits.max_request_bytes, self.config.auth.bearer_tokens)
-
-    async def _sweep(self) -> None:
-        """Drop logs idle past the TTL and abort their replica sessions."""
-        while True:
-            await asyncio.sleep(min(5.0, self.config.limits.session_ttl_s / 4))
-            for session in self.sessions.expired():
-                self.metrics.aborted.labels("ttl").inc()
-                try:
-                    await self.client.abort(session)
-                except Exception as e:
-                    log.warning("TTL abort of %s failed: %r", session.session_id, e)
+        self.ingress_id = serve.get_replica_context().replica_id.unique_id
+        LimitsMiddleware.configure(limits.max_request_bytes, self.config.auth.bearer_tokens, self.ingress_id)
 
     async def _run(self, coro, openai: bool = False):
         try:
@@ -96,9 +89,9 @@ class IngressRoutes(Ingress):
         try:
             pressure = await scheduler_health(self.scheduler, timeout_s=2.0)
         except SchedulerUnavailable as e:
-            return JSONResponse({"ok": False, "reason": str(e), "sessions": len(self.sessions)}, status_code=503)
+            return JSONResponse({"ok": False, "reason": str(e)}, status_code=503)
         ok = pressure["replicas"] > 0
-        return JSONResponse({"ok": ok, "replicas": pressure["replicas"], "sessions": len(self.sessions)},
+        return JSONResponse({"ok": ok, "replicas": pressure["replicas"], "sessions": await self.sessions.count()},
                             status_code=200 if ok else 503)
 
     @_route("get", "/metrics")
@@ -144,7 +137,11 @@ class IngressRoutes(Ingress):
 
     async def _open(self, body: OpenStream):
         session = await self.client.open(body.source_type)
-        self.sessions.add(session)
+        try:
+            await self.sessions.add(session)
+        except BaseException:
+            await cleanup(self.client.abort(session))
+            raise
         return JSONResponse(session.summary(), status_code=201)
 
     @_route("get", "/v1/streams/{session_id}")
@@ -152,7 +149,7 @@ class IngressRoutes(Ingress):
         return await self._run(self._info(session_id))
 
     async def _info(self, session_id: str):
-        return self.sessions.get(session_id).summary()
+        return (await self.sessions.get(session_id, for_change=False))[0].summary()
 
     @_route("post", "/v1/streams/{session_id}/chunks")
     async def append_chunk(self, session_id: str, body: ChunkBody):
@@ -163,18 +160,22 @@ class IngressRoutes(Ingress):
         return await self._run(self._add(session_id, "replace", body.chunks, body.seq))
 
     async def _add(self, session_id: str, kind: str, chunks: list[ChunkBody], seq: int | None):
-        self.sessions.check_not_finished(session_id)
-        session = self.sessions.get(session_id)
+        session, duplicate = await self.sessions.get(session_id, claim_seq=seq)
+        if duplicate:  # a retry of a change already applied (through any ingress)
+            return {**session.summary(), "duplicate": True}
         text = "".join(_piece(c, i + session.chunks) for i, c in enumerate(chunks))
-        async with session.lock:
-            if seq is not None and seq <= session.last_seq:  # a retry of a change already applied
-                return {**session.summary(), "duplicate": True}
+        cites = [{"source_id": c.source_id, "title": c.title} for c in chunks if c.source_id]
+        try:
             self.sessions.check_chunk_room(session)
             self.metrics.ingress_chunk_bytes.inc(len(text.encode()))
             tokens = await self.client.add(session, kind, text)
-            session.last_seq = session.last_seq if seq is None else seq
-        cites = [{"source_id": c.source_id, "title": c.title} for c in chunks if c.source_id]
+        except BaseException:
+            if seq is not None:
+                await cleanup(self.sessions.unclaim(session, seq))
+            raise
+        session.last_seq = session.last_seq if seq is None else seq
         session.sources[:] = cites if kind == "replace" else session.sources + cites
+        await self.sessions.commit(session, (kind, text), cites)
         return {**session.summary(), "context_tokens": tokens, "duplicate": False}
 
     @_route("post", "/v1/streams/{session_id}/finish")
@@ -192,10 +193,7 @@ class IngressRoutes(Ingress):
 
     async def _finish(self, session_id: str, body: FinishBody):
         self._check_answer_budget(body.sampling)
-        self.sessions.check_not_finished(session_id)
-        session = self.sessions.get(session_id)
-        if session.lock.locked():
-            return error_response(_busy(session_id))
+        session = await self.sessions.finish(session_id)  # exactly one finish wins; the rest get 409
         events = answer_events(self, session, body.question, body.sampling.model_dump(), "streams")
         events = await first_then_rest(events)
         return event_stream(events) if body.stream else await _collect(events)
@@ -205,8 +203,8 @@ class IngressRoutes(Ingress):
         return await self._run(self._delete(session_id))
 
     async def _delete(self, session_id: str):
-        session = self.sessions.get(session_id)
-        self.sessions.pop(session_id)
+        session, _ = await self.sessions.get(session_id, for_change=False)
+        await self.sessions.drop(session_id)
         await self.client.abort(session)
         self.metrics.aborted.labels("deleted").inc()
         return Response(status_code=204)
@@ -228,12 +226,6 @@ def _piece(chunk: ChunkBody, index: int) -> str:
     if chunk.source_id is None and chunk.title is None:
         return chunk.text
     return format_piece(chunk.source_id or f"chunk-{index}", chunk.title or "", chunk.text)
-
-
-def _busy(session_id: str):
-    from engine.api import SessionBusyError
-
-    return SessionBusyError(f"session {session_id} is already answering")
 
 
 async def _collect(events) -> dict:

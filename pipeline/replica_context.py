@@ -41,8 +41,15 @@ async def pull(call: RetrieverCall) -> AsyncIterator:
     refs = call.actor.stream.remote(*call.args, **call.kwargs)
     exhausted = False
     try:
-        async for ref in refs:
-            yield await ref
+        try:
+            async for ref in refs:
+                yield await ref
+        except (ray.exceptions.RayError, OSError) as e:
+            # The retriever actor died or failed: a source error, not the replica's death (the
+            # ingress must not take this replica for dead); the answer uses the context so far.
+            log.warning("retriever stream failed: %r", e)
+            yield SourceError("retriever", f"the retriever failed: {type(e).__name__}")
+            yield Done({"error": type(e).__name__})
         exhausted = True
     finally:
         if not exhausted:  # the caller left or stopped early: stop the retriever working for it

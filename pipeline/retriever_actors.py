@@ -18,6 +18,11 @@ import ray
 from pipeline.errors import BadRequest, SourceUnavailable
 from pipeline.replica_context import RetrieverCall, pull
 
+# A retriever actor that dies (its node, an OOM) comes back; a stream cut by the death ends its
+# session's retrieval with a source_error (the answer uses the context so far), and the next
+# session gets the restarted actor.
+RESTART = {"max_restarts": -1, "max_task_retries": 0}
+
 
 @ray.remote(num_cpus=0)
 class LocalSiteActor:
@@ -72,7 +77,8 @@ class RetrieverActors:
                 allowlist = list(self._settings.crawler_allowlist) + ([site["allowlist"]] if site else [])
                 config = CrawlerConfig(search_url=f"{self._site_base()}/search",
                                        max_pages=self._settings.crawler_max_pages, allowlist=tuple(allowlist))
-                self._actors["crawler"] = CrawlerActor.options(num_cpus=self._settings.num_cpus).remote(config)
+                self._actors["crawler"] = CrawlerActor.options(num_cpus=self._settings.num_cpus,
+                                                                    **RESTART).remote(config)
             return self._actors["crawler"]
 
     def _site_base(self) -> str:
@@ -101,7 +107,7 @@ class RetrieverActors:
                 path = Path(self._settings.vector_index or index_dir(IndexSpec()))
                 if not path.exists():
                     raise SourceUnavailable(f"no vector index at {path}; build it with `stream2llm index`")
-                self._actors[key] = VectorActor.options(**self._settings.vector_actor_options()).remote(
+                self._actors[key] = VectorActor.options(**self._settings.vector_actor_options(), **RESTART).remote(
                     str(path), k, use_gpu=self._settings.vector_on_gpu)
             return self._actors[key]
 
@@ -110,7 +116,7 @@ class RetrieverActors:
 
         trace = load_trace(self._trace_dir(), name)
         if "replay" not in self._actors:
-            self._actors["replay"] = ReplayActor.options(num_cpus=self._settings.num_cpus).remote(
+            self._actors["replay"] = ReplayActor.options(num_cpus=self._settings.num_cpus, **RESTART).remote(
                 self._settings.trace_multiplier)
         return RetrieverCall(self._actors["replay"], (trace,))
 

@@ -1,7 +1,8 @@
-"""Session context logs, kept in the ingress (outside the replicas), and their lifetime.
+"""A session as the ingress sees it during one request (kept between requests by
+`pipeline.session_store`).
 
-A log records every append/replace in order, so that a session whose replica dies can be replayed
-on another replica. Logs idle past the TTL are dropped (and their replica session aborted).
+The log records every client append/replace in order, so that a session whose replica dies can be
+replayed on another replica; a retriever source's context is rebuilt by running its call again.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from pipeline.errors import LimitExceeded, SessionConflict, SessionGone
 
 
 @dataclass
@@ -28,7 +28,7 @@ class SessionLog:
     sources: list[dict] = field(default_factory=list)         # citations, in arrival order
     context_tokens: int = 0
     recovered: int = 0
-    created_at: float = field(default_factory=time.monotonic)
+    created_at: float = field(default_factory=time.time)   # wall clock: records move between hosts
     touched_at: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
@@ -52,54 +52,3 @@ class SessionLog:
 
 def new_session_id() -> str:
     return uuid.uuid4().hex
-
-
-class SessionTable:
-    def __init__(self, ttl_s: float, max_chunks: int):
-        self.ttl_s = ttl_s
-        self.max_chunks = max_chunks
-        self._logs: dict[str, SessionLog] = {}
-        self._finished: dict[str, float] = {}   # finished session -> when (a second finish is a 409)
-
-    def mark_finished(self, session_id: str) -> None:
-        self._logs.pop(session_id, None)
-        self._finished[session_id] = time.monotonic()
-
-    def check_not_finished(self, session_id: str) -> None:
-        if session_id in self._finished:
-            raise SessionConflict(f"session {session_id} was already finished; reconnect with "
-                                  "Last-Event-ID to get the rest of its answer")
-
-    def add(self, log: SessionLog) -> None:
-        self._logs[log.session_id] = log
-
-    def get(self, session_id: str) -> SessionLog:
-        log = self._logs.get(session_id)
-        if log is None:
-            raise SessionGone(f"session {session_id!r} is unknown, finished, deleted or expired")
-        return log
-
-    def pop(self, session_id: str) -> SessionLog | None:
-        return self._logs.pop(session_id, None)
-
-    def check_chunk_room(self, log: SessionLog) -> None:
-        if log.chunks >= self.max_chunks:
-            raise LimitExceeded(f"session {log.session_id} already has {log.chunks} chunks "
-                                f"(limit {self.max_chunks})")
-
-    def expired(self, now: float | None = None) -> list[SessionLog]:
-        """Logs idle past the TTL and not in use; removed from the table."""
-        now = time.monotonic() if now is None else now
-        out = [log for log in self._logs.values()
-               if now - log.touched_at > self.ttl_s and not log.lock.locked()]
-        for log in out:
-            del self._logs[log.session_id]
-        for sid in [s for s, at in self._finished.items() if now - at > self.ttl_s]:
-            del self._finished[sid]
-        return out
-
-    def __len__(self) -> int:
-        return len(self._logs)
-
-    def values(self) -> list[SessionLog]:
-        return list(self._logs.values())

@@ -175,3 +175,32 @@ def test_router_waits_only_for_a_replica_it_never_listed():
     assert _waits_for(_request(), "new", [], seen={}) is True
     assert _waits_for(_request(), "dead", [], seen={"dead": None}) is False  # listed before: gone
     assert _waits_for(_request("append"), "new", [], seen={}) is False
+
+
+def test_a_failing_retriever_is_a_source_error_not_a_dead_replica():
+    from ray.exceptions import ActorDiedError
+
+    from pipeline.replica_context import RetrieverCall, pull
+
+    async def ok():
+        return AppendChunk("a", "s1", "d", "t")
+
+    async def died():
+        raise ActorDiedError()
+
+    class Refs:
+        def __aiter__(self):
+            return self._gen()
+
+        async def _gen(self):
+            yield ok()
+            yield died()
+
+    actor = SimpleNamespace(stream=SimpleNamespace(remote=lambda *a, **k: Refs()))
+
+    async def go():
+        return [e async for e in pull(RetrieverCall(actor, ("q",)))]
+
+    events = _run(go())
+    assert isinstance(events[0], AppendChunk) and isinstance(events[1], SourceError)
+    assert isinstance(events[2], Done) and events[2].summary["error"] == "ActorDiedError"

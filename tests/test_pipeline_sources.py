@@ -140,3 +140,24 @@ def test_chunk_over_the_context_limit_is_skipped_and_the_rest_answered(setup):
     skipped = of(events, "context_skipped")
     assert len(skipped) == 1 and "exceeds the limit" in skipped[0]["reason"]
     assert [s["source_id"] for s in of(events, "final")[0]["citations"]] == ["doc-1"]
+
+
+def _counter(base, name) -> float:
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    lines = [ln for ln in text.splitlines() if ln.startswith(name + " ")]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
+def test_retrieved_chunks_go_to_the_replica_and_never_through_the_ingress(setup):
+    """One Ray hop per chunk (retriever actor -> replica); the ingress gets summaries, no text."""
+    base = setup["base"]
+    before = {n: _counter(base, n) for n in ("stream2llm_ingress_chunk_bytes_total",
+                                             "stream2llm_replica_context_chunks_total")}
+    events = rag(base, "Summarize.", {"type": "trace", "trace": "synthetic.csv"})
+    contexts = of(events, "context")
+    assert contexts and all("text" not in c for c in contexts)
+    assert _counter(base, "stream2llm_ingress_chunk_bytes_total") == before["stream2llm_ingress_chunk_bytes_total"]
+    assert (_counter(base, "stream2llm_replica_context_chunks_total")
+            == before["stream2llm_replica_context_chunks_total"] + len(contexts))
+    rag(base, "Which city?", {"type": "documents", "documents": ["Lima is in Peru."]})  # inline: counted
+    assert _counter(base, "stream2llm_ingress_chunk_bytes_total") > before["stream2llm_ingress_chunk_bytes_total"]

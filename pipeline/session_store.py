@@ -1,0 +1,188 @@
+"""Streaming-input session records outside the ingress, so that any ingress replica serves any
+session and an ingress death loses nothing.
+
+Records live in `SessionShard` actors (detached, named, on the head node like the central
+scheduler); a session's shard is chosen by a hash of its id, so the load spreads over the shards
+and no actor sees every chunk of the cluster. A record holds what recovery needs: the replica,
+the client's context changes in order (text; replayed on another replica if the replica dies), the
+citations, the last client sequence number and, once the answer started, the finished mark (a
+second finish is refused). Records idle past the session TTL are dropped, as the replicas drop
+their sessions. A restarted shard starts empty: its sessions answer 404 (documented limit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from pipeline.central import NAMESPACE, head_node_id
+from pipeline.errors import SessionConflict, SessionGone
+from pipeline.sessions import SessionLog
+
+FIELDS = ("session_id", "source_type", "replica_id", "node_id", "context_tokens", "recovered",
+          "last_seq", "created_at")
+
+
+def _record(log: SessionLog) -> dict:
+    return {k: getattr(log, k) for k in FIELDS} | {"ops": list(log.ops), "sources": list(log.sources)}
+
+
+@ray.remote(max_restarts=-1, max_task_retries=3)
+class SessionShard:
+    def __init__(self, ttl_s: float):
+        self._ttl_s = ttl_s
+        self._records: dict[str, dict] = {}
+        self._touched: dict[str, float] = {}
+        self._finished: dict[str, float] = {}
+        self._sweeper: asyncio.Task | None = None
+
+    async def create(self, record: dict) -> None:
+        if self._sweeper is None:  # started from a call: the actor's event loop runs it
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        self._records[record["session_id"]] = record
+        self._touched[record["session_id"]] = time.monotonic()
+
+    def get(self, session_id: str, claim_seq: int | None = None) -> dict:
+        """The record (ops included); `{"finished": true}` once it was finished; `{}` if unknown.
+
+        `claim_seq`: a client change about to be applied. Not above the last claimed one: the
+        record comes back with `duplicate` (a retry: no-op). Else it becomes the last one (atomic,
+        so a retry through another ingress is a duplicate too); `unclaim` undoes a failed change."""
+        if session_id in self._finished:
+            return {"finished": True}
+        record = self._records.get(session_id)
+        if record is None:
+            return {}
+        # A read is no activity (polling must not keep a session alive); commits are.
+        if claim_seq is not None:
+            if claim_seq <= record["last_seq"]:
+                return {**record, "duplicate": True}
+            record = {**record, "claimed_from": record["last_seq"]}
+            self._records[session_id]["last_seq"] = claim_seq
+        return record
+
+    def unclaim(self, session_id: str, claim_seq: int, previous: int) -> None:
+        record = self._records.get(session_id)
+        if record is not None and record["last_seq"] == claim_seq:
+            record["last_seq"] = previous
+
+    def commit(self, session_id: str, op: tuple | None, sources: list[dict] | None, fields: dict) -> bool:
+        """Record an accepted change: `op` ("append"|"replace", text) is logged, `sources` are the
+        change's citations (a replace resets them), `fields` overwrite. False if the record is gone."""
+        record = self._records.get(session_id)
+        if record is None:
+            return False
+        if op is not None:
+            record["ops"].append(op)
+        if sources is not None:
+            record["sources"] = sources if op and op[0] == "replace" else record["sources"] + sources
+        record.update(fields)
+        self._touched[session_id] = time.monotonic()
+        return True
+
+    def finish(self, session_id: str) -> dict:
+        """Mark finished (atomic: exactly one caller gets the record); `{}` if unknown, `{"finished":
+        true}` if it was finished already."""
+        if session_id in self._finished:
+            return {"finished": True}
+        record = self._records.pop(session_id, None)
+        self._touched.pop(session_id, None)
+        if record is None:
+            return {}
+        self._finished[session_id] = time.monotonic()
+        return record
+
+    def drop(self, session_id: str) -> bool:
+        self._touched.pop(session_id, None)
+        return self._records.pop(session_id, None) is not None
+
+    def count(self) -> int:
+        return len(self._records)
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self._ttl_s / 4))
+            now = time.monotonic()
+            for sid in [s for s, t in self._touched.items() if now - t > self._ttl_s]:
+                self.drop(sid)
+            for sid in [s for s, t in self._finished.items() if now - t > self._ttl_s]:
+                del self._finished[sid]
+
+
+class SessionStore:
+    """The ingress's view of the shards: async calls, `SessionLog`s in and out."""
+
+    def __init__(self, config):
+        settings = config.ingress
+        head = head_node_id()
+        strategy = NodeAffinitySchedulingStrategy(head, soft=True) if head else "DEFAULT"
+        self._shards = [
+            SessionShard.options(name=f"{config.scheduler.actor_name}_sessions_{i}", namespace=NAMESPACE,
+                                 lifetime="detached", get_if_exists=True, num_cpus=0,
+                                 scheduling_strategy=strategy).remote(config.limits.session_ttl_s)
+            for i in range(settings.session_shards)]
+        self.max_chunks = config.limits.max_chunks_per_session
+
+    def _shard(self, session_id: str):
+        digest = hashlib.blake2b(session_id.encode(), digest_size=4).digest()
+        return self._shards[int.from_bytes(digest, "big") % len(self._shards)]
+
+    async def add(self, log: SessionLog) -> None:
+        await self._shard(log.session_id).create.remote(_record(log))
+
+    async def get(self, session_id: str, claim_seq: int | None = None,
+                  for_change: bool = True) -> tuple[SessionLog, bool]:
+        """The session and whether `claim_seq` marks a duplicate change (see `SessionShard.get`).
+        A finished session: 409 for a change (`for_change`), else 404 like any closed session."""
+        record = await self._shard(session_id).get.remote(session_id, claim_seq)
+        if record.get("finished") and for_change:
+            raise _finished(session_id)
+        if not record or record.get("finished"):
+            raise SessionGone(f"session {session_id!r} is unknown, finished, deleted or expired")
+        log = _log(record)
+        if claim_seq is not None and not record.get("duplicate"):
+            log.last_seq = record["claimed_from"]  # restored by `unclaim` if the change fails
+        return log, bool(record.get("duplicate"))
+
+    async def unclaim(self, log: SessionLog, claim_seq: int) -> None:
+        await self._shard(log.session_id).unclaim.remote(log.session_id, claim_seq, log.last_seq)
+
+    async def commit(self, log: SessionLog, op: tuple | None = None, sources: list[dict] | None = None) -> None:
+        fields = {k: getattr(log, k) for k in ("replica_id", "node_id", "context_tokens", "recovered", "last_seq")}
+        if not await self._shard(log.session_id).commit.remote(log.session_id, op, sources, fields):
+            raise SessionGone(f"session {log.session_id!r} expired or was deleted meanwhile")
+
+    async def finish(self, session_id: str) -> SessionLog:
+        record = await self._shard(session_id).finish.remote(session_id)
+        if record.get("finished"):
+            raise _finished(session_id)
+        if not record:
+            raise SessionGone(f"session {session_id!r} is unknown, finished, deleted or expired")
+        return _log(record)
+
+    async def drop(self, session_id: str) -> bool:
+        return await self._shard(session_id).drop.remote(session_id)
+
+    async def count(self) -> int:
+        return sum(await asyncio.gather(*(s.count.remote() for s in self._shards)))
+
+    def check_chunk_room(self, log: SessionLog) -> None:
+        from pipeline.errors import LimitExceeded
+
+        if log.chunks >= self.max_chunks:
+            raise LimitExceeded(f"session {log.session_id} already has {log.chunks} chunks (limit {self.max_chunks})")
+
+
+def _finished(session_id: str) -> SessionConflict:
+    return SessionConflict(f"session {session_id} was already finished; reconnect with Last-Event-ID to get "
+                           "the rest of its answer")
+
+
+def _log(record: dict) -> SessionLog:
+    log = SessionLog(**{k: record[k] for k in FIELDS})
+    log.ops, log.sources = [tuple(op) for op in record["ops"]], list(record["sources"])
+    return log
