@@ -48,6 +48,7 @@ REGISTRY: dict[str, Entry] = {
     "pipeline": Entry("pipeline.json", doc_tables.pipeline),
     "replay_tiny_sweep": Entry("replay_tiny_sweep/results.json", doc_tables.replay_sweep),
     "qa": Entry("qa.json", doc_tables.qa),
+    "qa_kinds": Entry("qa_kinds.json", doc_tables.qa),
     "reliability": Entry("reliability.json", doc_tables.reliability),
     "policies": Entry("policies.json", doc_tables.policies),
     "scheduler_overhead": Entry("scheduler_overhead.json", doc_tables.scheduler_overhead),
