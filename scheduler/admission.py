@@ -3,7 +3,8 @@
 Replicas report their KV blocks and open sessions at a steady interval. A new session is placed on
 the replica with the most *projected* KV headroom: blocks used now, plus what every session placed
 there is still expected to grow by (expected demand per source type, learned from finished
-sessions). Later chunks of a session follow its placement (affinity). When no replica can take the
+sessions), and never less than the sum of those sessions' expected sizes (context a replica has
+accepted may not be in its KV yet). Later chunks of a session follow its placement (affinity). When no replica can take the
 expected demand, the session waits in a bounded FIFO queue (sessions recovering from a lost replica
 wait in their own queue, served first); the caller rejects it (HTTP 429) when the queue is full or
 the wait times out. Everything is rebuilt from reports after a restart.
@@ -93,9 +94,9 @@ class AdmissionController:
             p = self._placements.get(sid) or self._adopt(r, sid, now)
             if p is None or p.replica_id != rid:
                 continue  # placed elsewhere (a recovery moved it): its new replica wins
-            r.growth -= p.growth
+            r.take(p)
             p.current_blocks, p.seen_at = blocks_for(tokens, report.block_size), now
-            r.growth += p.growth
+            r.put(p)
         for sid, p in list(r.placements.items()):
             if sid not in report.sessions and self._expired(p, now):
                 self._unplace(r, p)
@@ -108,7 +109,7 @@ class AdmissionController:
         source = r.report.source_types.get(sid, "")
         blocks = blocks_for(self.demand.expected_tokens(source), r.report.block_size)
         p = self._placements[sid] = r.placements[sid] = Placement(sid, r.replica_id, source, blocks, now)
-        r.growth += p.growth
+        r.put(p)
         return p
 
     def _expire(self, now: float) -> None:
@@ -124,7 +125,7 @@ class AdmissionController:
         return now - p.seen_at > self.grace_s
 
     def _unplace(self, r: ReplicaState, p: Placement) -> None:
-        r.growth -= p.growth
+        r.take(p)
         r.placements.pop(p.session_id, None)
         self._placements.pop(p.session_id, None)
 
@@ -207,7 +208,7 @@ class AdmissionController:
         self._index.begin(r)
         p.replica_id, p.reserved_blocks = r.replica_id, blocks_for(tokens, r.report.block_size)
         self._placements[p.session_id] = r.placements[p.session_id] = p
-        r.growth += p.growth
+        r.put(p)
         self._index.commit(r)
 
     def enqueue(self, session_id: str, source_type: str, now: float, exclude: tuple[str, ...] = (),

@@ -62,13 +62,24 @@ class ReplicaState:
     report: ReplicaReport             # the latest one
     reported_at: float
     placements: dict[str, Placement] = field(default_factory=dict)
-    growth: int = 0
+    growth: int = 0                   # sum of the placements' growth
+    footprint: int = 0                # sum of the placements' max(reserved, current) blocks
     draining: bool = False
     version: int = 0
 
     @property
     def projected(self) -> int:
-        return self.report.kv_blocks_used + self.growth
+        """Used blocks plus expected growth, and never less than the sessions' own expected sizes:
+        context a replica accepted may not be in its KV yet (prefill still running)."""
+        return max(self.report.kv_blocks_used + self.growth, self.footprint)
+
+    def take(self, p: Placement) -> None:
+        self.growth -= p.growth
+        self.footprint -= max(p.reserved_blocks, p.current_blocks)
+
+    def put(self, p: Placement) -> None:
+        self.growth += p.growth
+        self.footprint += max(p.reserved_blocks, p.current_blocks)
 
     def headroom(self, reserve_frac: float) -> int:
         total = self.report.kv_blocks_total

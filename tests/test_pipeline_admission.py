@@ -155,7 +155,7 @@ def test_unopened_or_unreleased_placements_are_dropped_after_the_grace():
     assert c.session_count() == 2
     c.report(report("a", sessions={"open": 16}), now=6)
     assert c.session_count() == 1 and c.dropped == 1
-    assert c.projected_used("a") == 10 - 1  # only "open" is still expected to grow (10 - 1 blocks)
+    assert c.projected_used("a") == 10  # only "open" is still expected: its 10 blocks
     c.report(report("a"), now=10)  # "open" was last listed at 6: still in its grace
     c.report(report("a"), now=12)
     assert c.session_count() == 0 and c.pressure(now=12).sessions == 0 and c.headroom("a") == 100
@@ -256,8 +256,10 @@ def test_incremental_sums_match_a_full_recount_under_random_operations():
         reps = c.reports()
         assert p.kv_blocks_used == sum(reps[r].kv_blocks_used for r in live)
         placed = [c.placement(f"s{i}") for i in range(300) if _placed(c, f"s{i}")]
-        expected_projection = sum(reps[r].kv_blocks_used for r in live) + sum(
-            pl.growth for pl in placed if pl.replica_id in live)
+        expected_projection = sum(
+            max(reps[r].kv_blocks_used + sum(pl.growth for pl in placed if pl.replica_id == r),
+                sum(max(pl.reserved_blocks, pl.current_blocks) for pl in placed if pl.replica_id == r))
+            for r in live)
         assert p.kv_blocks_projected == expected_projection, step
         assert p.sessions == sum(1 for pl in placed if pl.replica_id in live)
 
@@ -280,3 +282,14 @@ def test_a_replica_silent_for_long_is_forgotten_with_its_placements():
     assert set(c.reports()) == {"alive"}
     c.report(report("gone", sessions={"s": 16}), now=26)  # back after all: its session is adopted again
     assert c.placement("s").replica_id == "gone"
+
+
+def test_accepted_context_not_yet_in_kv_still_counts():
+    c = controller()
+    c.report(report("a"), now=0)
+    for sid in ("s1", "s2"):
+        assert c.try_admit(sid, "crawler", now=0) == "a"  # 40 blocks expected each
+    # the replica accepted both contexts (35 blocks each) but its KV holds almost none yet
+    c.report(report("a", used=5, sessions={"s1": 16 * 35, "s2": 16 * 35}), now=1)
+    assert c.projected_used("a") == 80
+    assert c.try_admit("s3", "crawler", now=1) is None  # 100 - 80 < 40

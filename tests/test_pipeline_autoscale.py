@@ -21,7 +21,12 @@ SESSIONS = 12          # 5 fit on a replica, 4 may wait in the queue, the rest m
 ARRIVAL_GAP_S = 0.3
 HOLD_AFTER_SCALE_S = 4.0   # context held open (a slow retrieval) until the scale-up, plus this
 MAX_HOLD_S = 120.0
-CONTEXT = " ".join(f"word{i % 97}" for i in range(540))  # ~1,400 tokens of the tiny tokenizer
+
+
+def context(session: int) -> str:
+    """~1,400 tokens of the tiny tokenizer, different per session: no shared prefix (prefix-cached
+    KV blocks are counted once, which would let more sessions fit than this test means to)."""
+    return " ".join(f"w{session}x{i % 97}" for i in range(300))
 
 CONFIG = {
     "model": {"model": "tiny", "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 20},
@@ -77,7 +82,7 @@ def one_session(base: str, out: list, i: int, scaled: threading.Event) -> None:
             out[i] = ("open_failed", r.status_code, r.text)
             return
         sid = r.json()["session_id"]
-        r = c.post(f"/v1/streams/{sid}/chunks", json={"text": CONTEXT, "source_id": f"s{i}"})
+        r = c.post(f"/v1/streams/{sid}/chunks", json={"text": context(i), "source_id": f"s{i}"})
         if r.status_code != 200:
             out[i] = ("append_failed", r.status_code, r.text)
             return
