@@ -24,6 +24,7 @@ import json
 import time
 from pathlib import Path
 
+from bench.results_meta import start_run, write_results
 from scheduler.cli_sim import GENERATORS, HEADER, run_grid
 from scheduler.gpu_model import ParametricCostModel
 from scheduler.policies import POLICIES
@@ -80,17 +81,17 @@ def main(argv=None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     cost = ParametricCostModel()
+    seeds = [int(x) for x in args.seeds.split(",")]
+    meta = start_run("simulator: parametric H200 cost model", None, seeds)
     report = {"hardware": cost.describe(), "quick": args.quick, "workloads": {}}
     if args.output.exists():
         previous = json.loads(args.output.read_text())
         report["workloads"] = previous.get("workloads", {})
     for name in args.scenarios.split(","):
-        entry = run_scenario(name, SCENARIOS[name], args.quick, cost, [int(x) for x in args.seeds.split(",")])
+        entry = run_scenario(name, SCENARIOS[name], args.quick, cost, seeds)
         kept = report["workloads"].get(name, {}).get("engine")
         report["workloads"][name] = {**entry, **({"engine": kept} if kept else {})}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"\nwrote {args.output}")
+    print(f"\nwrote {write_results(args.output, report, meta)}")
     return 0
 
 
