@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cost = ParametricCostModel()
     seeds = [int(x) for x in args.seeds.split(",")]
-    meta = start_run("simulator: parametric H200 cost model", None, seeds)
+    meta = start_run("simulator: parametric H200 cost model", "n/a (simulated)", seeds)
     report = {"hardware": cost.describe(), "quick": args.quick, "workloads": {}}
     if args.output.exists():
         previous = json.loads(args.output.read_text())
