@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from engine.api import SessionNotFoundError
+from pipeline.central_client import CentralClient
 from pipeline.errors import AdmissionRejected, AnswerNotReproducible, is_replica_gone, unwrap
 from pipeline.sessions import SessionLog, new_session_id
 
@@ -21,14 +22,17 @@ MAX_RECOVERIES = 2
 class EngineClient:
     def __init__(self, handle, scheduler, limits):
         self._handle = handle
-        self._scheduler = scheduler
+        self._scheduler = scheduler            # the raw handle: replica_died
+        self._central = CentralClient(scheduler)  # admissions and releases, batched per process
         self._limits = limits
 
     async def admit(self, source_type: str, exclude: list[str] | None = None,
                     session_id: str | None = None) -> tuple[str, str]:
+        """Place a session; with `exclude` it is a recovery (served first, never placed back there)."""
         session_id = session_id or new_session_id()
-        decision = await self._scheduler.admit.remote(
-            session_id, source_type, self._limits.admission_timeout_s, exclude or [])
+        ask = {"recovery": True} if exclude else {}
+        decision = await self._central.admit(session_id, source_type, self._limits.admission_timeout_s,
+                                             exclude or [], **ask)
         if "rejected" in decision:
             raise AdmissionRejected(decision["rejected"], decision["retry_after_s"])
         return session_id, decision["replica_id"]
@@ -38,11 +42,11 @@ class EngineClient:
         try:
             info = await self._handle.open_session.remote(session_id, source_type, route_to=replica_id)
         except BaseException:
-            await self._scheduler.release.remote(session_id)
+            await self._central.release(session_id)
             raise
         if info["replica_id"] != replica_id:  # routed elsewhere: its holder's next report adopts it
             log.warning("session %s opened on %s, not on %s", session_id, info["replica_id"], replica_id)
-            await self._scheduler.release.remote(session_id)
+            await self._central.release(session_id)
         return SessionLog(session_id, source_type, info["replica_id"], info["node_id"])
 
     async def add(self, session: SessionLog, kind: str, text: str) -> int:
@@ -73,7 +77,6 @@ class EngineClient:
                     dead, len(session.ops), " and its retrieval" if session.retrieval_done else "")
         if dead:
             await self._scheduler.replica_died.remote(old)
-        await self._scheduler.release.remote(session.session_id)
         _, replica_id = await self.admit(session.source_type, exclude=[old], session_id=session.session_id)
         info = await self._handle.open_session.remote(session.session_id, session.source_type,
                                                       route_to=replica_id)
@@ -154,10 +157,10 @@ class EngineClient:
                 raise
             return False
         finally:
-            await self._scheduler.release.remote(session.session_id)
+            await self._central.release(session.session_id)
 
     async def release(self, session: SessionLog, context_tokens: int | None) -> None:
-        await self._scheduler.release.remote(session.session_id, context_tokens)
+        await self._central.release(session.session_id, context_tokens)
 
 
 def reproducible(sampling: dict) -> bool:

@@ -20,6 +20,7 @@ from ray import serve
 from engine.api import ContextTooLongError, SamplingConfig, SessionNotFoundError
 from pipeline.answers import AnswerLogs
 from pipeline.central import get_or_create_scheduler
+from pipeline.central_client import drain_replica
 from pipeline.config import AppConfig
 from pipeline.errors import ContextLimitExceeded, SessionConflict, SessionGone
 from pipeline.replica_context import ContextLimits, RetrieverCall, Tokenizer, coalesce, pull, pump
@@ -269,6 +270,8 @@ class EngineReplica:
         await asyncio.wait_for(self._engine.stats(), timeout=10)
 
     async def __del__(self):
+        if getattr(self, "_scheduler", None) is not None:  # scale-down: no new placements here
+            await drain_replica(self._scheduler, self.replica_id)
         reporter = getattr(self, "_reporter", None)
         if reporter is not None:
             reporter.cancel()
