@@ -9,7 +9,7 @@ A crawler-shaped trace scaled down to smollm2 on 2 cores (a search chunk and a f
 engine per policy whose KV cache is a fraction of what the concurrent streams hold, streaming
 (chunks appended as they arrive, the question with the last chunk) and non-streaming (the whole
 prompt at the last chunk). The same engine that replays non-streaming first measures its own cost
-model (`engine.calibrate`), and the simulator replays the same trace with it: the TTFT percentiles
+model (`engine.calibration`), and the simulator replays the same trace with it: the TTFT percentiles
 of both are compared per policy and mode (`sim_vs_engine`).
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.engine_replay import replay
-from engine.calibrate import measure_cost_model
+from engine.calibration import measure_cost_model
 from engine.config import EngineConfig
 from retrievers.traces import poisson_arrivals, synthetic_crawler_traces
 from scheduler.cost_model import MeasuredCostModel

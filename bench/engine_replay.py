@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 
 from engine.api import SamplingConfig, SessionStats
-from engine.calibrate import random_prompt
+from engine.calibration import random_prompt
 
 LEAD_S = 0.2  # time zero lies this far after the start, so the first session is not late
 

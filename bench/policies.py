@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from bench.results_meta import start_run, write_results
-from scheduler.cli_sim import GENERATORS, HEADER, run_grid
+from scheduler.simulator.grid import GENERATORS, HEADER, run_grid
 from scheduler.gpu_model import ParametricCostModel
 from scheduler.policies import POLICIES
 from scheduler.simulator import EngineConfig

@@ -245,15 +245,6 @@ class AdmissionController:
         except KeyError:
             raise UnknownSessionError(f"no placement for session {session_id!r}") from None
 
-    def move(self, session_id: str, replica_id: str) -> None:
-        """Re-place a session on another replica (recovery after its replica died)."""
-        p = self.placement(session_id)
-        if replica_id not in self._index.replicas:
-            raise AdmissionError(f"unknown replica {replica_id!r}")
-        tokens = p.reserved_blocks * self._index.replicas[replica_id].report.block_size
-        self.release(session_id)
-        self._place(Placement(session_id, replica_id, p.source_type, 0, p.seen_at, p.lease_until), tokens)
-
     def release(self, session_id: str, context_tokens: int | None = None) -> None:
         """The session ended; a finished one teaches the demand model its real size."""
         p = self._placements.pop(session_id, None)

@@ -8,21 +8,12 @@ import json
 import sys
 from pathlib import Path
 
-from retrievers.traces import (
-    read_crawler_csv,
-    read_vector_csv,
-    synthetic_crawler_traces,
-    synthetic_vector_traces,
-)
 from scheduler.cost_model import load_cost_model
 from scheduler.gpu_model import PRESETS
 from scheduler.policies import POLICIES
-from scheduler.simulator import EngineConfig, SimConfig, simulate
+from scheduler.simulator import EngineConfig
+from scheduler.simulator.grid import GENERATORS, HEADER, READERS, run_grid
 from scheduler.simulator.replay import MODES
-
-GENERATORS = {"crawler": synthetic_crawler_traces, "vector": synthetic_vector_traces}
-READERS = {"crawler": read_crawler_csv, "vector": read_vector_csv}
-BLOCK_BYTES_H200 = 16 * 131072  # one 16-token block of Llama-3.1-8B KV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,29 +44,6 @@ def load_traces(args) -> list:
 
 def make_cost(args):
     return load_cost_model(args.cost_model) if args.cost_model else PRESETS[args.hardware]()
-
-
-def run_grid(traces, cost, *, policies, modes, qps, seed, delay, engine: EngineConfig,
-             engines: int = 1, echo=print) -> dict:
-    """results[mode][policy] = summary dict."""
-    results: dict = {}
-    for mode in modes:
-        for policy in policies:
-            config = SimConfig(policy, mode, engine, engines, qps, seed, delay)
-            summary = simulate(traces, config, cost).summary()
-            results.setdefault(mode, {})[policy] = summary
-            echo(format_row(mode, policy, summary))
-    return results
-
-
-def format_row(mode: str, policy: str, s: dict) -> str:
-    return (f"{mode:14s} {policy:13s} {s['ttft_p50_s']:8.3f} {s['ttft_p95_s']:8.3f} "
-            f"{s['ttft_p99_s']:8.3f} {s['makespan_s']:9.1f} {s['preemptions']:7d} "
-            f"{s['tokens_invalidated']:11d} {s['tokens_recomputed']:11d} {s['wall_s']:6.1f}")
-
-
-HEADER = (f"{'mode':14s} {'policy':13s} {'p50_s':>8s} {'p95_s':>8s} {'p99_s':>8s} "
-          f"{'makespan':>9s} {'preempt':>7s} {'invalidated':>11s} {'recomputed':>11s} {'wall':>6s}")
 
 
 def run(args) -> int:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engine.calibrate import CalibrationError, calibrate
+from engine.calibration import CalibrationError, calibrate
 from engine.config import EngineConfig
 from scheduler.cost_model import CostModelError, load_cost_model
 from stream2llm.cli import main

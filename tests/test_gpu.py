@@ -112,7 +112,7 @@ async def test_kv_offload_under_pressure_answers_stay_exact(tmp_path, swap_in_s_
 
 
 async def test_calibrate_measures_the_swap_side_with_offload():
-    from engine.calibrate import calibrate
+    from engine.calibration import calibrate
 
     config = _gpu_config(gpu_memory_utilization=None, kv_cache_memory_bytes=1 << 30, kv_offload_gib=2.0,
                          answer_budget_tokens=1)

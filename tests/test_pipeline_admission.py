@@ -34,15 +34,13 @@ def test_projection_counts_only_the_growth_still_expected():
     assert c.projected_used("a") == 30 + (40 - 20)
 
 
-def test_affinity_returns_same_replica_and_move_changes_it():
+def test_affinity_returns_the_same_replica_even_when_it_fills_up():
     c = controller()
     c.report(report("a"), now=0)
     c.report(report("b", used=50), now=0)
     assert c.try_admit("s", "vector", now=0) == "a"
     c.report(report("a", used=95), now=1)  # even when a fills up, s stays on a
     assert c.try_admit("s", "vector", now=1) == "a"
-    c.move("s", "b")
-    assert c.placement("s").replica_id == "b"
 
 
 def test_full_cluster_queues_then_rejects_when_queue_is_full():

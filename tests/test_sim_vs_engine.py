@@ -12,7 +12,7 @@ comparison (streaming, every policy, smollm2) is `python -m bench.engine_policie
 import numpy as np
 
 from bench.engine_replay import replay
-from engine.calibrate import measure_cost_model
+from engine.calibration import measure_cost_model
 from engine.config import EngineConfig
 from retrievers.traces import APPEND, QueryTrace, TraceEvent, poisson_arrivals
 from scheduler.cost_model import MeasuredCostModel

@@ -11,7 +11,6 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (DefaultVllmPolicy, FcfsPolicy, LcasPolicy, McpsPolicy, TailGuardPolicy)
 }
-PAPER_POLICIES = ("default_vllm", "fcfs", "lcas", "mcps")
 
 
 class UnknownPolicyError(ValueError):
@@ -28,4 +27,4 @@ def make_policy(name: str) -> Policy:
         raise UnknownPolicyError(name) from None
 
 
-__all__ = ["POLICIES", "PAPER_POLICIES", "Policy", "UnknownPolicyError", "make_policy"]
+__all__ = ["POLICIES", "Policy", "UnknownPolicyError", "make_policy"]
