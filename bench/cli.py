@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-bytes", type=int, help="KV cache per replica (default: the engine's)")
     parser.add_argument("--step-tokens", type=int, help="engine token budget per step (max_num_batched_tokens)")
     parser.add_argument("--shape", action="append", default=[], metavar="KEY=VALUE",
-                        help="synthetic trace parameter (retrievers.traces CRAWLER_SHAPE / VECTOR_SHAPE)")
+                        help="synthetic trace parameter (stream2llm.data.traces CRAWLER_SHAPE / VECTOR_SHAPE)")
     parser.add_argument("--paper-shape", action="store_true", help="paper-scale synthetic tokens")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="model dtype (default: the engine's)")
     parser.add_argument("--clients", type=int, default=0,

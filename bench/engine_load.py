@@ -34,7 +34,7 @@ from bench.engine_policies import SHAPE, make_traces
 from bench.engine_replay import replay
 from bench.serving_metrics import RequestRecord, serving_metrics, start_run, write_results
 from engine.config import EngineConfig
-from retrievers.traces import poisson_arrivals
+from stream2llm.data.traces import poisson_arrivals
 from scheduler.policies import POLICIES
 
 RESULTS = Path(__file__).parent / "results" / "engine_load.json"

@@ -26,7 +26,7 @@ import numpy as np
 from bench.engine_replay import replay
 from engine.calibration import measure_cost_model
 from engine.config import EngineConfig
-from retrievers.traces import poisson_arrivals, synthetic_crawler_traces
+from stream2llm.data.traces import poisson_arrivals, synthetic_crawler_traces
 from scheduler.cost_model import MeasuredCostModel
 from scheduler.policies import POLICIES
 from scheduler.simulator import EngineConfig as SimEngineConfig

@@ -22,7 +22,7 @@ from bench.results_meta import start_run, write_results
 from engine.config import DEFAULT_MODEL, PLATFORMS, EngineConfig
 from engine.measure import run_floor, run_one_shot, run_streamed
 from engine.prompt import ContextDoc, RagPrompt
-from retrievers.corpus import load_documents
+from stream2llm.data.corpus import load_documents
 
 RESULTS = Path(__file__).parent / "results" / "engine_ttft.json"
 

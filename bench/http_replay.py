@@ -28,7 +28,7 @@ import numpy as np
 
 from bench.serving_metrics import MetricsError, record_from_summary, serving_metrics
 
-from retrievers.traces import (QueryTrace, poisson_arrivals, read_crawler_csv, read_vector_csv,
+from stream2llm.data.traces import (QueryTrace, poisson_arrivals, read_crawler_csv, read_vector_csv,
                                synthetic_crawler_traces, synthetic_vector_traces, write_crawler_csv,
                                write_vector_csv)
 

@@ -1,13 +1,13 @@
 """Answer quality through the whole pipeline: `python -m bench.qa` -> bench/results/qa.json.
 
-Grounded geography questions of three kinds (`retrievers.corpus.load_question_set`: the capital,
+Grounded geography questions of three kinds (`stream2llm.data.corpus.load_question_set`: the capital,
 a neighbouring country, an official language; each answerable from the country's own summary) go
 to `/v1/rag`, once with `prompt_mode` stream and once oneshot, greedy, from each source:
 - `vector`: progressive FAISS search over an index holding every grounded country's article; its
   refinements arrive within milliseconds, so streaming prefills little before the question;
 - `crawler`: search and fetch pages of the local corpus site (`{"type": "search", "query":
   country}`), pages ~0.7 s apart: the prompt really is streamed while the crawl runs.
-Answers are scored by the strict judge (`retrievers.answer_judge`): an accepted answer named outside
+Answers are scored by the strict judge (`stream2llm.data.answer_judge`): an accepted answer named outside
 the question's words, no refusal, no wrong candidate of the same kind. Accuracy comes with a 95%
 Wilson interval, per mode, source and kind (`bench.qa_report`). `--rejudge FILE` re-scores a stored
 run of the earlier, capital-only format with the strict judge instead of running anything.
@@ -29,7 +29,7 @@ from bench.results_meta import legacy_meta, start_run, write_results
 from pipeline.config import AppConfig
 from pipeline.local import local_app
 from pipeline.rag_client import RagResult, ask
-from retrievers.corpus import GroundedQuestion, load_grounded_questions, load_question_set
+from stream2llm.data.corpus import GroundedQuestion, load_grounded_questions, load_question_set
 
 RESULTS = Path(__file__).parent / "results" / "qa.json"
 SOURCES = {"vector": lambda q: {"type": "vector"}, "crawler": lambda q: {"type": "search", "query": q.country}}
@@ -97,7 +97,7 @@ def run_qa(args) -> dict:
     report["setup"] = {"kinds": list(args.kinds), "per_kind": args.per_kind, "sources": list(args.sources),
                        "index": str(index_path), "top_k": args.top_k, "crawler_pages": args.crawler_pages,
                        "site_latency_scale": args.site_latency_scale, "max_tokens": args.max_tokens,
-                       "temperature": 0.0, "concurrency": args.concurrency, "judge": "retrievers.answer_judge"}
+                       "temperature": 0.0, "concurrency": args.concurrency, "judge": "stream2llm.data.answer_judge"}
     report["wall_s"] = {"startup": round(ready - started, 1), "questions": round(time.perf_counter() - ready, 1)}
     return report
 
@@ -112,7 +112,7 @@ def rejudge(path: Path) -> dict:
     vector["ttft_p50_s"] = {"stream": old["stream"]["ttft_p50_s"], "oneshot": old["nonstream"]["ttft_p50_s"]}
     vector["tokens_prefilled_before_finish_p50"] = old["stream"].get("tokens_prefilled_before_finish_p50")
     report["setup"] = {**old["setup"], "kinds": ["capital"], "sources": ["vector"],
-                       "judge": "retrievers.answer_judge (re-judged; the run used a substring match)"}
+                       "judge": "stream2llm.data.answer_judge (re-judged; the run used a substring match)"}
     report["wall_s"] = old.get("wall_s")
     report["meta"] = legacy_meta({"model": old["setup"]["model"], "dtype": old["setup"]["dtype"],
                                   "command": "python -m bench.qa", "commit": None},

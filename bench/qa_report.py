@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import statistics
 
-from retrievers.answer_judge import wilson_interval
-from retrievers.corpus import GroundedQuestion
+from stream2llm.data.answer_judge import wilson_interval
+from stream2llm.data.corpus import GroundedQuestion
 
 MODES = ("stream", "oneshot")
 

@@ -35,8 +35,8 @@ from bench.http_replay import poll_cluster, write_request_traces
 from bench.results_meta import start_run, write_results
 from bench.reliability_drills import (collect_memory, drain, kill_busiest_replica, send_session,
                                       summarize)
-from retrievers.corpus import documents_by_id, load_grounded_questions
-from retrievers.traces import poisson_arrivals, synthetic_crawler_traces, synthetic_vector_traces
+from stream2llm.data.corpus import documents_by_id, load_grounded_questions
+from stream2llm.data.traces import poisson_arrivals, synthetic_crawler_traces, synthetic_vector_traces
 
 RESULTS = Path(__file__).parent / "results" / "reliability.json"
 SESSION_TTL_S = 60.0  # replicas abort sessions idle this long: the backstop for a leaked session

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from retrievers.chunking import whitespace_count
-from retrievers.corpus import load_documents, load_grounded_questions
+from stream2llm.data.corpus import load_documents, load_grounded_questions
 from retrievers.crawler import Crawler
 from retrievers.crawler_config import CrawlerConfig
 from retrievers.events import AppendChunk, Done, ReplaceContext

@@ -14,7 +14,7 @@ from engine.api import SamplingConfig
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.measure import run_one_shot, run_streamed
 from engine.prompt import ContextDoc, RagPrompt
-from retrievers.corpus import WIKI_ATTRIBUTION, documents_by_id, load_grounded_questions
+from stream2llm.data.corpus import WIKI_ATTRIBUTION, documents_by_id, load_grounded_questions
 
 DEFAULT_COUNTRIES = ["France", "Japan", "Kenya", "Peru"]
 

@@ -93,7 +93,7 @@ def prepare_tiny(folder: Path, vocab_size: int = 4096, seed: int = 0) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from retrievers.corpus import load_documents
+    from stream2llm.data.corpus import load_documents
 
     staging = folder.with_name(folder.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)

@@ -27,7 +27,7 @@ from pipeline import demo_report
 from pipeline.config import AppConfig
 from pipeline.local import free_port, local_app
 from pipeline.rag_client import RagResult, ask
-from retrievers.corpus import WIKI_ATTRIBUTION, GroundedQuestion, load_grounded_questions
+from stream2llm.data.corpus import WIKI_ATTRIBUTION, GroundedQuestion, load_grounded_questions
 
 DEFAULT_COUNTRIES = ("France", "Japan", "Kenya", "Peru", "Egypt", "Canada", "Brazil", "India")
 MODES = ("stream", "oneshot")

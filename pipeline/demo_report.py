@@ -7,7 +7,7 @@ import json
 import statistics
 
 from pipeline.rag_client import RagResult
-from retrievers.corpus import GroundedQuestion
+from stream2llm.data.corpus import GroundedQuestion
 
 ANSWER_CHARS = 160
 CITATIONS_SHOWN = 9

@@ -130,7 +130,7 @@ class RetrieverActors:
 
 def load_trace(folder: Path, name: str):
     """The first query of a recorded trace file, by plain file name (no paths: no traversal)."""
-    from retrievers.traces import TraceFormatError, read_crawler_csv, read_vector_csv
+    from stream2llm.data.traces import TraceFormatError, read_crawler_csv, read_vector_csv
 
     if Path(name).name != name or not name.endswith(".csv"):
         raise BadRequest(f"trace must be a plain .csv file name, got {name!r}")

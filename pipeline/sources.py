@@ -32,7 +32,7 @@ async def inline_documents(texts: list[str]) -> AsyncIterator:
 
 @functools.lru_cache(maxsize=1)
 def _corpus() -> dict:
-    from retrievers.corpus import documents_by_id
+    from stream2llm.data.corpus import documents_by_id
 
     return documents_by_id()
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from .corpus import Document, load_documents
+from stream2llm.data.corpus import Document, load_documents
 from .site_faults import add_fault_routes
 from .site_pages import article_page, home_page
 from .site_search import SearchIndex

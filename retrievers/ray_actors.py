@@ -16,7 +16,7 @@ from pathlib import Path
 import ray
 
 from .crawler_config import CrawlerConfig
-from .traces import QueryTrace
+from stream2llm.data.traces import QueryTrace
 
 
 def _counter(tokenizer):

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .events import AppendChunk, ContextStream, ReplaceContext
-from .traces import APPEND, REPLACE, QueryTrace, TraceEvent, write_crawler_csv, write_vector_csv
+from stream2llm.data.traces import APPEND, REPLACE, QueryTrace, TraceEvent, write_crawler_csv, write_vector_csv
 
 SEARCH_SOURCE_ID = "search"
 

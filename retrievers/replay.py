@@ -15,9 +15,9 @@ import zlib
 from collections.abc import Callable
 from dataclasses import replace
 
-from .corpus import documents_by_id
+from stream2llm.data.corpus import documents_by_id
 from .events import AppendChunk, Chunk, ContextStream, Done, ReplaceContext
-from .traces import QueryTrace
+from stream2llm.data.traces import QueryTrace
 
 TextFor = Callable[[str, int], str]  # (doc id, tokens wanted) -> text
 _VOCAB = ("time year people way day man thing woman life child world school state family student "

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from .corpus import Document
+from stream2llm.data.corpus import Document
 from .site_pages import article_page, boilerplate_only_page
 
 BAD_CHARSET_TEXT = "Café society and naïve façades: a page sent in cp1252 under a bogus charset label. " * 3

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from .corpus import WIKI_ATTRIBUTION, Document
+from stream2llm.data.corpus import WIKI_ATTRIBUTION, Document
 
 SITE_NAME = "Stream2LLM Local Wiki"
 NAV_LINKS = ("Main page", "Contents", "Current events", "Random article", "About", "Contact", "Donate")

@@ -12,7 +12,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from .corpus import Document
+from stream2llm.data.corpus import Document
 
 STOP_WORDS = frozenset(
     "a an and are as at be by for from has have how in is it its of on or that the this to was "

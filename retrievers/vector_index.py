@@ -24,7 +24,7 @@ from tqdm import tqdm
 from stream2llm.paths import cache_path
 
 from .chunking import chunk_text
-from .corpus import Document, GroundedQuestion, load_documents, load_grounded_questions
+from stream2llm.data.corpus import Document, GroundedQuestion, load_documents, load_grounded_questions
 
 FORMAT_VERSION = 1
 

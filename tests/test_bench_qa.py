@@ -13,7 +13,7 @@ import pytest
 
 from bench.qa import main
 from bench.qa_report import rejudge_legacy, summarize
-from retrievers.corpus import GroundedQuestion
+from stream2llm.data.corpus import GroundedQuestion
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -123,7 +123,7 @@ def test_request_traces_are_replayable_and_distinct_per_cell(tmp_path):
 
 
 def test_csv_workload_is_cycled_to_the_request_count(tmp_path):
-    from retrievers.traces import synthetic_crawler_traces, write_crawler_csv
+    from stream2llm.data.traces import synthetic_crawler_traces, write_crawler_csv
 
     path = tmp_path / "paper.csv"
     write_crawler_csv(synthetic_crawler_traces(2, seed=1), path)

@@ -7,7 +7,7 @@ import pytest
 import pytest_asyncio
 
 from retrievers.chunking import whitespace_count
-from retrievers.corpus import load_documents
+from stream2llm.data.corpus import load_documents
 from retrievers.crawler import Crawler
 from retrievers.crawler_config import CrawlerConfig
 from retrievers.events import AppendChunk, Done, SourceError, collect

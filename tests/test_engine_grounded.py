@@ -2,7 +2,7 @@
 
 from engine.api import SamplingConfig
 from engine.prompt import ContextDoc, RagPrompt
-from retrievers.corpus import documents_by_id, load_grounded_questions
+from stream2llm.data.corpus import documents_by_id, load_grounded_questions
 from tests.conftest import collect
 
 

@@ -6,7 +6,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from retrievers.corpus import load_documents, load_grounded_questions
+from stream2llm.data.corpus import load_documents, load_grounded_questions
 from retrievers.local_site import GAP_MEAN_S, GAP_MEDIAN_S, LatencyModel, LocalSite, SiteConfig
 from retrievers.site_search import SearchIndex
 

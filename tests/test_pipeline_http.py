@@ -114,7 +114,7 @@ def test_rag_inline_documents_streams_context_then_answer(base):
 
 
 def test_rag_offline_corpus_documents_non_streaming(base):
-    from retrievers.corpus import load_grounded_questions
+    from stream2llm.data.corpus import load_grounded_questions
 
     q = load_grounded_questions()[0]
     r = post(base, "/v1/rag", {"question": q.question, "stream": False, "sampling": {"max_tokens": 4},

@@ -9,9 +9,9 @@ import httpx
 import pytest
 
 from pipeline_fixtures import parse_sse, serve_app
-from retrievers.corpus import load_grounded_questions
+from stream2llm.data.corpus import load_grounded_questions
 from retrievers.events import ReplaceContext, collect
-from retrievers.traces import synthetic_crawler_traces, write_crawler_csv
+from stream2llm.data.traces import synthetic_crawler_traces, write_crawler_csv
 
 pytestmark = pytest.mark.timeout(600)
 TOP_K = 3

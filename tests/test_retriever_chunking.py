@@ -3,7 +3,7 @@
 import pytest
 
 from retrievers.chunking import ChunkingError, chunk_text, token_counter, whitespace_count
-from retrievers.corpus import documents_by_id
+from stream2llm.data.corpus import documents_by_id
 from retrievers.embedding import model_path
 
 

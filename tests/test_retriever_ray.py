@@ -9,7 +9,7 @@ import ray
 from retrievers.crawler_config import CrawlerConfig
 from retrievers.events import AppendChunk, Done
 from retrievers.local_site import LocalSite, SiteConfig
-from retrievers.traces import synthetic_crawler_traces
+from stream2llm.data.traces import synthetic_crawler_traces
 
 pytestmark = pytest.mark.timeout(120)
 

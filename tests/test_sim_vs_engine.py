@@ -14,7 +14,7 @@ import numpy as np
 from bench.engine_replay import replay
 from engine.calibration import measure_cost_model
 from engine.config import EngineConfig
-from retrievers.traces import APPEND, QueryTrace, TraceEvent, poisson_arrivals
+from stream2llm.data.traces import APPEND, QueryTrace, TraceEvent, poisson_arrivals
 from scheduler.cost_model import MeasuredCostModel
 from scheduler.simulator import EngineConfig as SimEngineConfig
 from scheduler.simulator import SimConfig, simulate

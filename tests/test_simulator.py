@@ -2,7 +2,7 @@
 
 import pytest
 
-from retrievers.traces import synthetic_crawler_traces, synthetic_vector_traces
+from stream2llm.data.traces import synthetic_crawler_traces, synthetic_vector_traces
 from scheduler.cost_model import CostModelError, MeasuredCostModel, Curve
 from scheduler.gpu_model import ParametricCostModel
 from scheduler.policies import POLICIES, UnknownPolicyError
@@ -49,7 +49,7 @@ def test_blocks_conserved_at_every_step():
     traces = synthetic_vector_traces(25, seed=4)
     engine = SimEngine(POLICIES["mcps"](), COST, EngineConfig(800, 16, 2048, swap_pool_blocks=300))
     from scheduler.simulator.replay import _Run
-    from retrievers.traces import poisson_arrivals
+    from stream2llm.data.traces import poisson_arrivals
     run = _Run([t.stretched(30) for t in traces], poisson_arrivals(25, 2.0, 0), [engine], True)
     original_step = engine.step
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from retrievers.traces import (
+from stream2llm.data.traces import (
     QueryTrace,
     TraceEvent,
     TraceFormatError,

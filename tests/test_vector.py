@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from retrievers.corpus import load_grounded_questions
+from stream2llm.data.corpus import load_grounded_questions
 from retrievers.embedding import Embedder
 from retrievers.events import Done, ReplaceContext, collect
 from retrievers.vector import VectorRetriever, exact_top_k, probe_schedule, stable_order
@@ -99,7 +99,7 @@ async def test_bad_query_and_token_counts(built, embedder):
 
 async def test_record_vector_run_roundtrips_through_csv(built, embedder, tmp_path):
     from retrievers.recording import TraceRecorder, write_traces
-    from retrievers.traces import lcp_tokens, read_vector_csv
+    from stream2llm.data.traces import lcp_tokens, read_vector_csv
 
     retriever = VectorRetriever(built, embedder, k=5, count_tokens=embedder.count_tokens)
     traces = []

@@ -3,7 +3,7 @@ benchmarks."""
 
 from __future__ import annotations
 
-from retrievers.traces import (read_crawler_csv, read_vector_csv, synthetic_crawler_traces,
+from stream2llm.data.traces import (read_crawler_csv, read_vector_csv, synthetic_crawler_traces,
                                synthetic_vector_traces)
 from scheduler.simulator import EngineConfig, SimConfig, simulate
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from retrievers.traces import QueryTrace, lcp_tokens, poisson_arrivals
+from stream2llm.data.traces import QueryTrace, lcp_tokens, poisson_arrivals
 from scheduler.cost_model import CostModel
 from scheduler.policies import make_policy
 from scheduler.request import RequestView

