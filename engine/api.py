@@ -24,10 +24,6 @@ class SessionStateError(EngineError):
     """The operation is not valid in the session's current state (e.g. append after finish)."""
 
 
-class SessionBusyError(EngineError):
-    """Another operation on the same session is still in progress."""
-
-
 class ContextTooLongError(EngineError):
     """The context (plus question and answer budget) would not fit in the model's context length."""
 
@@ -116,7 +112,7 @@ class StreamingEngine(ABC):
 
     Lifecycle of a session: `open_session` -> any number of `append` / `update` ->
     `finish(question)` (an async iterator of answer deltas) -> closed. `abort` closes at any point
-    and frees its KV. Operations on one session must not overlap (`SessionBusyError`).
+    and frees its KV. `append` and `update` never suspend, so calls on one session apply in call order.
     """
 
     @abstractmethod

@@ -23,7 +23,6 @@ class Session:
     stats: SessionStats
     context: list[int] = field(default_factory=list)
     state: SessionState = SessionState.OPEN
-    busy: bool = False
     request: Any = None  # the live engine request holding this session's KV, if any
     opened_at: float = field(default_factory=time.time)  # wall clock, as vLLM stamps arrivals
     # Requests replaced by an update or a seeded question, kept until their replacement has run

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 
 from engine.api import (ContextTooLongError, EngineStats, InvalidInputError, OutputDelta,
-                        SamplingConfig, SessionBusyError, SessionNotFoundError, SessionStateError,
+                        SamplingConfig, SessionNotFoundError, SessionStateError,
                         SessionStats, StreamingEngine)
 from engine.config import EngineConfig
 from engine.session import (IncrementalDetokenizer, Session, SessionState, check_text,
@@ -93,8 +93,6 @@ class VLLMStreamingEngine(StreamingEngine):
         session = self._sessions.get(session_id)
         if session is None:
             raise SessionNotFoundError(f"no open session {session_id!r}")
-        if session.busy:
-            raise SessionBusyError(f"session {session_id!r} has an operation in progress")
         if for_input and session.state is not SessionState.OPEN:
             raise SessionStateError(f"session {session_id!r} is {session.state.value}: no more input")
         return session

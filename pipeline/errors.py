@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
-from engine.api import (ContextTooLongError, EngineError, InvalidInputError, SessionBusyError,
-                        SessionNotFoundError, SessionStateError)
+from engine.api import (ContextTooLongError, EngineError, InvalidInputError, SessionNotFoundError,
+                        SessionStateError)
 
 
 class PipelineError(Exception):
@@ -68,7 +68,6 @@ class SourceUnavailable(PipelineError):
 _ENGINE_STATUS = {
     SessionNotFoundError: 404,
     SessionStateError: 409,
-    SessionBusyError: 409,
     ContextTooLongError: 413,
     InvalidInputError: 400,
 }
