@@ -23,7 +23,8 @@ stops admitting at the first waiting request whose blocks do not fit (it chunks 
 token budget, never to the free memory as the planner may), admits no waiting request in
 a step where it preempted, and counts blocks itself (prefix-cache hits can make a request need fewer
 blocks than the planner priced). An idle stream whose KV was evicted stays blocked until its next
-chunk in both (the simulator models this too). Swap is not used: on CPU vLLM has no KV offload.
+chunk in both (the simulator models this too). The plug-in preempts by recompute; on a GPU with
+`kv_offload_gib`, vLLM's offloading connector (`engine/kv_offload.py`) may load a victim's KV back instead.
 
 The policy name comes from `additional_config[POLICY_KEY]` (`scheduler_additional_config`).
 """
