@@ -21,7 +21,7 @@ from dataclasses import asdict
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from scheduler.admission import AdmissionController, DemandModel, ReplicaReport
+from scheduler.admission import AdmissionController, DemandModel, ReplicaReport, UnknownSessionError
 
 NAMESPACE = "stream2llm"
 ONESHOT_SOURCE = "oneshot"
@@ -145,6 +145,13 @@ class CentralScheduler:
                 future.set_result(replica_id)
             elif future is None:
                 self._ctl.release(session_id)  # its caller gave up (restart, timeout race)
+
+    def lookup(self, session_id: str) -> str | None:
+        """The replica a session is placed on, or None (operators and the restart drill ask this)."""
+        try:
+            return self._ctl.placement(session_id).replica_id
+        except UnknownSessionError:
+            return None
 
     def release(self, session_id: str, context_tokens: int | None = None) -> None:
         self._ctl.release(session_id, context_tokens)

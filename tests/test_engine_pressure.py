@@ -3,6 +3,11 @@
 Stock vLLM keeps every idle streaming session's KV and stalls; our scheduler plug-in evicts idle
 sessions (recompute) in the policy's order. Every session must complete with exactly its one-shot
 greedy output, for every policy.
+
+The engine runs in float32 here: the tiny model has random weights, so its top two logits can sit a
+few bfloat16 steps apart, and recomputing a context in other chunk splits (which eviction does)
+legitimately flips such a near-tie in bfloat16 (seen: a 0.3-logit margin at logit 18, where one
+bfloat16 step is 0.125). In float32 a flip needs a far closer tie.
 """
 
 import asyncio
@@ -16,7 +21,7 @@ from scheduler.policies import POLICIES
 from tests.conftest import collect, wait_for_kv_blocks
 
 SESSIONS, CHUNKS, CHUNK_WORDS = 14, 4, 30
-KV_BYTES = 2 << 20  # tiny model: 512 B per token -> 4,096 tokens = 128 blocks of 32
+KV_BYTES = 4 << 20  # tiny model in float32: 1 KiB per token -> 4,096 tokens = 128 blocks of 32
 GREEDY = SamplingConfig(max_tokens=8)
 
 
@@ -38,7 +43,7 @@ async def _stream(engine, chunks, question):
 async def test_concurrent_streams_larger_than_cache_all_complete(policy):
     from engine.vllm_engine import create_engine
 
-    engine = await create_engine(EngineConfig(model="tiny", max_model_len=2048, kv_cache_memory_bytes=KV_BYTES,
+    engine = await create_engine(EngineConfig(model="tiny", dtype="float32", max_model_len=2048, kv_cache_memory_bytes=KV_BYTES,
                                               max_num_seqs=64, answer_budget_tokens=32, policy=policy))
     try:
         stats = await engine.stats()
