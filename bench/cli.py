@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench.http_replay import CPU_SHAPES, MODES, POLL_INTERVAL_S, SYNTHETIC, BenchError, BenchSpec, run_bench
 from bench.plots import plot_all
-from bench.results_meta import start_run, with_meta
+from bench.results_meta import engine_dtype, start_run, with_meta
 from bench.serving_metrics import add_slo_arguments, slos_from_args
 
 CSV_DROP = ("answer", "sent_at", "token_times_s")  # long or process-local; kept in the JSON
@@ -106,7 +106,7 @@ def start_meta(spec: BenchSpec):
     from pipeline.config import AppConfig
 
     model = AppConfig.model_validate({"model": spec.app.get("model", {})}).model
-    return start_run(model.model, model.dtype, seeds=[spec.seed])
+    return start_run(model.model, engine_dtype(model.dtype), seeds=[spec.seed])
 
 
 def run_with_traces(spec: BenchSpec, progress: bool = True) -> dict:

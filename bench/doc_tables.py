@@ -81,6 +81,16 @@ def engine_ttft(data: dict) -> str:
             + (f" ({num(data['identical_fraction'])} of sessions)" if "identical_fraction" in data else "") + ".")
 
 
+def cpu_dtype(data: dict) -> str:
+    rows = [[dtype, seconds(d["ttft_median_s"]), num(d["prefill_tokens_per_s"], 3, " tokens/s"), len(d["ttft_s"])]
+            for dtype, d in data["dtypes"].items()]
+    machine = (data.get(META_KEY) or {}).get("machine") or {}
+    return (table(["dtype", "cold prefill + 1 token, median", "prefill rate", "runs"], rows) + "\n\n"
+            f"{data['prompt_tokens']:,}-token prompt; CPU {machine.get('cpu_model') or MISSING}, native bfloat16: "
+            f"{num(machine.get('cpu_bf16'))}. `float32_speedup` {num(data['float32_speedup'])}; the engine's default "
+            f"here is {data['default_dtype']}: `default_is_fastest` {num(data['default_is_fastest'])}.")
+
+
 def pipeline(data: dict) -> str:
     s, o = data["stream"], data["nonstream"]
     keys = [("TTFT p50", "ttft_p50_s"), ("TTFT p95", "ttft_p95_s"), ("TTFT p99", "ttft_p99_s"),

@@ -32,6 +32,7 @@ import numpy as np
 
 from bench.engine_policies import SHAPE, make_traces
 from bench.engine_replay import replay
+from bench.results_meta import engine_dtype
 from bench.serving_metrics import RequestRecord, serving_metrics, start_run, write_results
 from engine.config import EngineConfig
 from stream2llm.data.traces import poisson_arrivals
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4 sessions per run, shorter gaps")
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="default: the engine's for this machine")
     parser.add_argument("--kv-bytes", type=int, default=40 << 20, help="KV cache per engine")
     parser.add_argument("--max-model-len", type=int, default=1408)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         setattr(args, key, value)
-    meta = start_run(args.model, args.dtype, args.seeds)
+    meta = start_run(args.model, engine_dtype(args.dtype), args.seeds)
     started = time.perf_counter()
     results = asyncio.run(main_async(args))
     levels, seeds = [str(q) for q in args.qps], [str(s) for s in args.seeds]

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from engine.api import SamplingConfig
-from bench.results_meta import start_run, write_results
+from bench.results_meta import engine_dtype, start_run, write_results
 from engine.config import DEFAULT_MODEL, PLATFORMS, EngineConfig
 from engine.measure import run_floor, run_one_shot, run_streamed
 from engine.prompt import ContextDoc, RagPrompt
@@ -99,14 +99,14 @@ def main(argv=None) -> int:
     parser.add_argument("--chunk-tokens", dest="chunk_tokens", type=int, default=800)
     parser.add_argument("--gap", type=float, default=0.7)
     parser.add_argument("--max-tokens", dest="max_tokens", type=int, default=16)
-    parser.add_argument("--dtype", default="bfloat16", help="bfloat16 or float32")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="default: the engine's for this machine")
     parser.add_argument("--platform", default="auto", choices=PLATFORMS, help="cpu, cuda or auto")
     parser.add_argument("--quick", action="store_true", help="3 sessions of 4 chunks of 400 tokens")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
         args.sessions, args.chunks, args.chunk_tokens, args.gap = 3, 4, 400, 0.5
-    meta = start_run(args.model, args.dtype, seeds=[0])
+    meta = start_run(args.model, engine_dtype(args.dtype), seeds=[0])
     result = asyncio.run(bench(args))
     write_results(args.out, result, meta)
     print(json.dumps({k: result[k] for k in ("stream", "nonstream", "floor", "speedup_p50",

@@ -25,7 +25,7 @@ import httpx
 from tqdm import tqdm
 
 from bench.qa_report import MODES, make_row, rejudge_legacy, summarize
-from bench.results_meta import legacy_meta, start_run, write_results
+from bench.results_meta import engine_dtype, legacy_meta, start_run, write_results
 from pipeline.config import AppConfig
 from pipeline.local import local_app
 from pipeline.rag_client import RagResult, ask
@@ -130,7 +130,7 @@ def parse_args(argv=None):
     p.add_argument("--per-kind", type=int, default=None, help="first N questions of each kind (default all)")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_PER_KIND} questions per kind, 4 pages per crawl")
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), help="default: the engine's for this machine")
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--top-k", type=int, default=4)
     p.add_argument("--crawler-pages", type=int, default=8)
@@ -157,7 +157,7 @@ def main(argv=None) -> dict:
         report = rejudge(args.rejudge)
         meta = report.pop("meta")
     else:
-        meta = start_run(args.model, args.dtype, seeds=[0])  # greedy; 0 is the index's sampling seed
+        meta = start_run(args.model, engine_dtype(args.dtype), seeds=[0])  # greedy; 0 is the index's sampling seed
         report = run_qa(args)
     out = write_results(Path(args.out), report, meta)
     for name, s in report["sources"].items():

@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 
 from bench.http_replay import poll_cluster, write_request_traces
-from bench.results_meta import start_run, write_results
+from bench.results_meta import engine_dtype, start_run, write_results
 from bench.reliability_drills import (collect_memory, drain, kill_busiest_replica, send_session,
                                       summarize)
 from stream2llm.data.corpus import documents_by_id, load_grounded_questions
@@ -80,8 +80,9 @@ def app_config(spec: LoadSpec, trace_dir: Path):
     from pipeline.config import AppConfig
 
     return AppConfig.model_validate({
-        # 2 MiB of KV: 4,096 tiny-model tokens per replica, about four sessions' contexts
-        "model": {"model": spec.model, "max_model_len": 2048, "kv_cache_memory_bytes": 2 << 20},
+        # 2 MiB of KV: 4,096 tiny-model tokens per replica in bfloat16 (pinned: with the CPU's default
+        # dtype, float32 on AVX2, the same bytes hold half and a 2,048-token context no longer fits)
+        "model": {"model": spec.model, "dtype": "bfloat16", "max_model_len": 2048, "kv_cache_memory_bytes": 2 << 20},
         "replicas": {"min_replicas": spec.min_replicas, "max_replicas": spec.max_replicas,
                      "num_cpus": 0.5, "report_interval_s": 0.5, "upscale_delay_s": 1.0,
                      "downscale_delay_s": 8.0, "target_kv_frac": 0.5, "sessions_per_replica": 2.0},
@@ -204,7 +205,7 @@ def main(argv=None) -> dict:
                     kill=args.kill, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                     kill_deadline_s=args.kill_deadline, slo_ttft_ms=args.slo_ttft)
     with tempfile.TemporaryDirectory(prefix="stream2llm-traces-") as folder:
-        meta = start_run(spec.model, app_config(spec, Path(folder)).model.dtype, seeds=[spec.seed])
+        meta = start_run(spec.model, engine_dtype(app_config(spec, Path(folder)).model.dtype), seeds=[spec.seed])
         report = run(spec, Path(folder))
     out = write_results(Path(args.out), report, meta)
     print(json.dumps({k: report[k] for k in ("counts", "recovered", "kill", "leaks", "memory_mb", "replicas",

@@ -45,6 +45,7 @@ REGISTRY: dict[str, Entry] = {
     "engine_ttft": Entry("engine_ttft.json", doc_tables.engine_ttft),
     "engine_ttft_gap2": Entry("engine_ttft_gap2.json", doc_tables.engine_ttft),
     "engine_ttft_fp32": Entry("engine_ttft_fp32.json", doc_tables.engine_ttft),
+    "cpu_dtype": Entry("cpu_dtype.json", doc_tables.cpu_dtype),
     "pipeline": Entry("pipeline.json", doc_tables.pipeline),
     "replay_tiny_sweep": Entry("replay_tiny_sweep/results.json", doc_tables.replay_sweep),
     "qa": Entry("qa.json", doc_tables.qa),

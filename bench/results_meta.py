@@ -5,7 +5,7 @@
     write_results(Path("bench/results/x.json"), report, meta)        # adds load after, writes JSON
 
 The `meta` block of a results file holds: the git commit (and whether the tree had uncommitted
-changes), the command, the start and end dates (UTC, ISO 8601), the machine (CPU cores, GPUs when
+changes), the command, the start and end dates (UTC, ISO 8601), the machine (CPU cores, CPU model and native bfloat16, GPUs when
 `nvidia-smi` lists any, the 1/5/15-minute load average before and after the run, platform), and the
 model, dtype and seeds. A file written before this existed carries `meta.missing` instead: the keys
 nobody recorded, never reconstructed (`legacy_meta`).
@@ -42,6 +42,27 @@ def git_state() -> dict:
     return {"commit": _git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
 
 
+def _cpu() -> dict:
+    """CPU model and whether it computes bfloat16 natively (the CPU engine's speed hinges on it)."""
+    from engine.engine_args import cpu_has_native_bf16
+
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        pass
+    return {"cpu_model": model or platform.processor() or None, "cpu_bf16": cpu_has_native_bf16()}
+
+
+def engine_dtype(dtype: str | None) -> str:
+    """The dtype an engine asked for `dtype` (None: the platform default) runs in on this machine."""
+    from engine.config import EngineConfig
+    from engine.engine_args import effective_dtype
+
+    return effective_dtype(EngineConfig(dtype=dtype))
+
+
 def _gpus() -> list[str]:
     if not shutil.which("nvidia-smi"):
         return []
@@ -71,7 +92,7 @@ class RunMeta:
         git = git_state()
         return {"commit": git["commit"], "dirty": git["dirty"], "command": self.command,
                 "date_utc": now_utc(), "started_utc": self.started_utc,
-                "machine": {"cores": os.cpu_count(), "gpus": _gpus(), "load_avg_before": self.load_before,
+                "machine": {"cores": os.cpu_count(), **_cpu(), "gpus": _gpus(), "load_avg_before": self.load_before,
                             "load_avg_after": [round(v, 2) for v in os.getloadavg()],
                             "platform": platform.platform(), "python": platform.python_version()},
                 "model": self.model, "dtype": self.dtype, "seeds": list(self.seeds)}

@@ -43,7 +43,9 @@ class EngineConfig:
     enable_prefix_caching: bool = _doc(True, "Reuse the KV of shared prefixes (update mode relies on it).")
     policy: str = _doc("default_vllm", "Scheduling policy: default_vllm, fcfs, lcas, mcps or tailguard.")
     seed: int = _doc(0, "Engine seed.")
-    dtype: str = _doc("bfloat16", "Model dtype (bfloat16, float16, float32, auto).")
+    dtype: str | None = _doc(None, "Model dtype (bfloat16, float16, float32, auto). Default: on CPU "
+                             "bfloat16 where the CPU computes it natively (AVX512-BF16, AMX), else "
+                             "float32 (several times faster there); on GPU the model's own.")
     answer_budget_tokens: int = _doc(128, "Tokens kept free for the answer when a context is accepted.")
     block_size: int | None = _doc(None, "KV block size in tokens. Default: 32 on CPU (its attention "
                                   "backend needs a multiple of 32), vLLM's choice on GPU.")

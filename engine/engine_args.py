@@ -9,6 +9,10 @@ Every setting reaches vLLM unchanged; only the ones left at `None` get a platfor
 | kv_cache_memory_bytes | 1 GiB | unset: `gpu_memory_utilization` sizes the cache |
 | block_size | 32 (the CPU attention backend needs a multiple of 32) | vLLM's default |
 | async_scheduling | off | vLLM's default |
+| dtype | bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), else float32 | "auto": the model's own |
+
+Why dtype depends on the CPU: without native bfloat16 PyTorch emulates it, and prefill runs several
+times slower than in float32 (`python -m bench.cpu_dtype`; figures in `docs/BENCHMARKS.md`, "CPU dtype").
 
 The pure part (`resolve_engine_args`) is unit-tested for both platforms on a CPU machine.
 """
@@ -22,6 +26,7 @@ from engine.config import EngineConfig, EngineConfigError
 
 CPU_KV_CACHE_BYTES = 1 << 30
 CPU_BLOCK_SIZE = 32
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 # Engine arguments that EngineConfig owns; `extra_engine_args` may not set them behind its back.
 OWNED_ARGS = frozenset({
@@ -50,13 +55,27 @@ def resolve_platform(config: EngineConfig, detected: str) -> str:
     return config.platform
 
 
-def with_platform_defaults(config: EngineConfig, platform: str) -> EngineConfig:
-    """`config` with every `None` setting filled for `platform`; contradictions raise EngineConfigError."""
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX-BF16)."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return bool(NATIVE_BF16_FLAGS & set(flags))
+
+
+def with_platform_defaults(config: EngineConfig, platform: str, cpu_bf16: bool = False) -> EngineConfig:
+    """`config` with every `None` setting filled for `platform`; contradictions raise EngineConfigError.
+
+    `cpu_bf16`: the CPU computes bfloat16 natively (`cpu_has_native_bf16()`); it picks the CPU dtype.
+    """
     _check(config, platform)
     if platform != "cpu":
-        return config
+        return replace(config, dtype=config.dtype or "auto")
     fill = {"distributed_executor_backend": "uni", "enforce_eager": True, "block_size": CPU_BLOCK_SIZE,
-            "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "async_scheduling": False}
+            "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "async_scheduling": False,
+            "dtype": "bfloat16" if cpu_bf16 else "float32"}
     return replace(config, **{k: v for k, v in fill.items() if getattr(config, k) is None})
 
 
@@ -80,9 +99,10 @@ def _check(config: EngineConfig, platform: str) -> None:
                                 "it needs kv_offload_gib")
 
 
-def resolve_engine_args(config: EngineConfig, platform: str, model_path: str, scheduler_config: dict) -> dict:
+def resolve_engine_args(config: EngineConfig, platform: str, model_path: str, scheduler_config: dict,
+                        cpu_bf16: bool = False) -> dict:
     """Keyword arguments of vLLM's `AsyncEngineArgs` for `config` on `platform`."""
-    config = with_platform_defaults(config, platform)
+    config = with_platform_defaults(config, platform, cpu_bf16)
     args = dict(
         model=model_path, tokenizer=model_path, served_model_name=[config.served_name],
         max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
@@ -101,6 +121,11 @@ def resolve_engine_args(config: EngineConfig, platform: str, model_path: str, sc
         args.update(kv_offloading_size=config.kv_offload_gib, kv_offloading_backend="native")
     args.update(config.extra_engine_args)
     return args
+
+
+def effective_dtype(config: EngineConfig) -> str:
+    """The dtype an engine built from `config` on this machine runs in (for benchmark records)."""
+    return with_platform_defaults(config, resolve_platform(config, detect_platform()), cpu_has_native_bf16()).dtype
 
 
 def prepare_process(platform: str) -> None:
@@ -127,7 +152,8 @@ def build_vllm_config(config: EngineConfig):
 
     platform = resolve_platform(config, detect_platform())
     prepare_process(platform)
-    kwargs = resolve_engine_args(config, platform, resolve_model(config.model), scheduler_additional_config(config))
+    kwargs = resolve_engine_args(config, platform, resolve_model(config.model), scheduler_additional_config(config),
+                                 cpu_has_native_bf16())
     vllm_config = AsyncEngineArgs(**kwargs).create_engine_config()
     scheduler = vllm_config.scheduler_config
     scheduler.scheduler_cls = scheduler_class(bool(scheduler.async_scheduling))

@@ -26,6 +26,11 @@ class EngineClient:
         self._central = CentralClient(scheduler)  # admissions and releases, batched per process
         self._limits = limits
 
+    @property
+    def central(self) -> CentralClient:
+        """This process's batching client of the central scheduler (shared by every route)."""
+        return self._central
+
     async def admit(self, source_type: str, exclude: list[str] | None = None,
                     session_id: str | None = None) -> tuple[str, str]:
         """Place a session; with `exclude` it is a recovery (served first, never placed back there)."""

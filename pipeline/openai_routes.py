@@ -54,7 +54,7 @@ async def chat_completions(ing, body: ChatCompletionRequest):
 async def _admit(ing, prompt: str | dict, max_tokens: int) -> tuple[str, str]:
     request_id = uuid.uuid4().hex
     chars = len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt["messages"])
-    decision = await ing.scheduler.admit_request.remote(
+    decision = await ing.client.central.admit_request(
         request_id, chars // CHARS_PER_TOKEN + max_tokens, ing.config.limits.admission_timeout_s)
     if "rejected" in decision:
         raise AdmissionRejected(decision["rejected"], decision["retry_after_s"])
@@ -70,7 +70,7 @@ async def _respond(ing, body, prompt: str | dict, max_tokens: int, kind: str, ch
     rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{request_id}"
     head = {"id": rid, "created": int(time.time()), "model": body.model}
     async def release():
-        await ing.scheduler.release.remote(request_id)
+        await ing.client.central.release(request_id)  # batched with the process's other releases
 
     if body.stream:
         return StreamingResponse(_chunks(ing, stream, head, kind, choice, release),

@@ -8,6 +8,9 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Mechanics tests pin bfloat16 so that KV sizes in bytes mean the same token counts on every CPU
+# (the engine's CPU default dtype follows the CPU: engine.engine_args.with_platform_defaults).
+TINY_DTYPE = "bfloat16"
 TINY_KV_BYTES = 8 << 20  # 512 blocks of 32 tokens for the tiny model: room for the mechanics tests
 
 
@@ -16,7 +19,7 @@ async def tiny_engine():
     from engine.config import EngineConfig
     from engine.vllm_engine import create_engine
 
-    engine = await create_engine(EngineConfig(model="tiny", max_model_len=2048,
+    engine = await create_engine(EngineConfig(model="tiny", dtype=TINY_DTYPE, max_model_len=2048,
                                               kv_cache_memory_bytes=TINY_KV_BYTES, answer_budget_tokens=32))
     yield engine
     await engine.shutdown()

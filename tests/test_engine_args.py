@@ -9,7 +9,7 @@ import os
 import pytest
 
 from engine.config import EngineConfig, EngineConfigError
-from engine.engine_args import (CPU_BLOCK_SIZE, CPU_KV_CACHE_BYTES, resolve_engine_args,
+from engine.engine_args import (CPU_BLOCK_SIZE, CPU_KV_CACHE_BYTES, cpu_has_native_bf16, resolve_engine_args,
                                 resolve_platform, with_platform_defaults)
 
 POLICY = {"stream2llm_policy": "fcfs"}
@@ -25,6 +25,18 @@ def test_cpu_keeps_the_safe_settings():
     assert args["block_size"] == CPU_BLOCK_SIZE and args["kv_cache_memory_bytes"] == CPU_KV_CACHE_BYTES
     assert args["async_scheduling"] is False and "gpu_memory_utilization" not in args
     assert args["additional_config"] == POLICY
+
+
+def test_cpu_dtype_follows_native_bfloat16(tmp_path):
+    assert _args("cpu")["dtype"] == "float32"  # emulated bfloat16 is several times slower
+    assert resolve_engine_args(EngineConfig(), "cpu", "/m", POLICY, cpu_bf16=True)["dtype"] == "bfloat16"
+    assert _args("cpu", dtype="bfloat16")["dtype"] == "bfloat16"  # an explicit choice is kept
+    assert _args("cuda")["dtype"] == "auto"
+    avx2, amx = tmp_path / "avx2", tmp_path / "amx"
+    avx2.write_text("model name\t: AMD EPYC\nflags\t\t: fpu sse avx2 fma\n")
+    amx.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16\n")
+    assert (cpu_has_native_bf16(str(avx2)), cpu_has_native_bf16(str(amx))) == (False, True)
+    assert cpu_has_native_bf16(str(tmp_path / "absent")) is False
 
 
 def test_gpu_leaves_vllm_its_defaults():

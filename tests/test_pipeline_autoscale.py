@@ -13,7 +13,7 @@ import httpx
 import pytest
 from ray import serve
 
-from pipeline_fixtures import parse_sse, serve_app
+from pipeline_fixtures import TINY_DTYPE, parse_sse, serve_app
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -29,7 +29,7 @@ def context(session: int) -> str:
     return " ".join(f"w{session}x{i % 97}" for i in range(300))
 
 CONFIG = {
-    "model": {"model": "tiny", "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 20},
+    "model": {"model": "tiny", "dtype": TINY_DTYPE, "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 20},
     "replicas": {"min_replicas": 1, "max_replicas": 2, "num_cpus": 0.5, "report_interval_s": 0.5,
                  "upscale_delay_s": 1.0, "downscale_delay_s": 4.0, "target_kv_frac": 0.5,
                  "sessions_per_replica": 2.0},
