@@ -32,6 +32,7 @@ import numpy as np
 
 from bench.engine_policies import SHAPE, make_traces
 from bench.engine_replay import replay
+from bench.engine_sizing import kv_bytes
 from bench.results_meta import engine_dtype
 from bench.serving_metrics import RequestRecord, serving_metrics, start_run, write_results
 from engine.config import EngineConfig
@@ -114,14 +115,17 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="4 sessions per run, shorter gaps")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="default: the engine's for this machine")
-    parser.add_argument("--kv-bytes", type=int, default=40 << 20, help="KV cache per engine")
+    parser.add_argument("--kv-bytes", type=int, help="KV cache per engine (default: 40 MiB in bfloat16, "
+                        "~1,800 SmolLM2 tokens, scaled to the dtype)")
     parser.add_argument("--max-model-len", type=int, default=1408)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         setattr(args, key, value)
-    meta = start_run(args.model, engine_dtype(args.dtype), args.seeds)
+    args.dtype = engine_dtype(args.dtype)
+    args.kv_bytes = args.kv_bytes or kv_bytes(40 << 20, args.dtype)
+    meta = start_run(args.model, args.dtype, args.seeds)
     started = time.perf_counter()
     results = asyncio.run(main_async(args))
     levels, seeds = [str(q) for q in args.qps], [str(s) for s in args.seeds]

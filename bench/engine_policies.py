@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.engine_replay import replay
+from bench.engine_sizing import kv_bytes
+from bench.results_meta import engine_dtype
 from engine.calibration import measure_cost_model
 from engine.config import EngineConfig
 from stream2llm.data.traces import poisson_arrivals, synthetic_crawler_traces
@@ -156,8 +158,8 @@ def main(argv=None) -> int:
     parser.add_argument("--qps", type=float, default=1.0)
     parser.add_argument("--delay", type=float, default=1.0, help="delay multiplier of the trace")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--kv-bytes", type=int, default=48 << 20,
-                        help="smollm2: ~23 KB per token, so 48 MiB = 68 blocks of 32")
+    parser.add_argument("--kv-bytes", type=int, help="KV cache per engine (default: 48 MiB in bfloat16 = "
+                        "68 SmolLM2 blocks of 32, scaled to the engine's dtype)")
     parser.add_argument("--max-model-len", type=int, default=1536)
     parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
     parser.add_argument("--policies", default=",".join(POLICIES))
@@ -165,6 +167,7 @@ def main(argv=None) -> int:
                         help="stated tolerance: median |relative error| of sim TTFT p50/p95")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    args.kv_bytes = args.kv_bytes or kv_bytes(48 << 20, engine_dtype(None))
     started = time.perf_counter()
     entry = asyncio.run(run_all(args))
     entry["bench_wall_s"] = time.perf_counter() - started

@@ -17,11 +17,12 @@ cost of the code, the rest is other processes' noise.
 
 from __future__ import annotations
 
-import json
+import argparse
 import random
 import time
 from pathlib import Path
 
+from bench.results_meta import start_run, write_results
 from scheduler.blocks import CountingBlockManager
 from scheduler.planner import StepBudget, plan_step
 from scheduler.policies import POLICIES, make_policy
@@ -129,7 +130,11 @@ def measure_plugin(name: str, n: int, seed: int) -> float:
     return spent[0] / PLUGIN_STEPS * 1e6
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    meta = start_run(model=None, dtype=None, seeds=list(range(REPEATS)))
     report = {"changed_per_step": CHANGED_PER_STEP, "steps": STEPS, "repeats": REPEATS,
               "statistic": "min over repeats", "policies": {}}
     print(f"{'policy':13s} {'n':>5s} {'us/step':>9s} {'full sort':>10s} {'plan':>9s}")
@@ -148,9 +153,8 @@ def main() -> int:
     report["plugin_target_us_at_500"] = PLUGIN_TARGET_US_AT_500
     report["plugin_meets_target"] = all(rows["500"] <= PLUGIN_TARGET_US_AT_500
                                         for rows in report["plugin_us_per_step"].values())
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {RESULTS}")
+    write_results(args.out, report, meta)
+    print(f"wrote {args.out}")
     return 0
 
 
