@@ -7,6 +7,8 @@ machine, model, dtype and seeds, or which of those the file does not record.
 
 from __future__ import annotations
 
+import statistics
+
 from bench.results_meta import META_KEY, missing_metadata
 
 MISSING = "n/a"
@@ -59,6 +61,7 @@ def provenance(name: str, data: dict) -> str:
         gpus = f", {len(machine['gpus'])} GPU(s) {machine['gpus'][0]}" if machine.get("gpus") else ""
         parts.append(f"{machine['cores']} cores{gpus}{load}")
     parts += [str(meta[k]) for k in ("model", "dtype") if meta.get(k)]
+    parts += [f"no {k}" for k in ("model", "dtype") if META_KEY in data and k in data[META_KEY] and data[META_KEY][k] is None]
     if meta.get("seeds") is not None:
         parts.append(f"seeds {meta['seeds']}")
     line = f"Results: `bench/results/{name}`" + (f"; {', '.join(parts)}" if parts else "")
@@ -89,6 +92,36 @@ def cpu_dtype(data: dict) -> str:
             f"{data['prompt_tokens']:,}-token prompt; CPU {machine.get('cpu_model') or MISSING}, native bfloat16: "
             f"{num(machine.get('cpu_bf16'))}. `float32_speedup` {num(data['float32_speedup'])}; the engine's default "
             f"here is {data['default_dtype']}: `default_is_fastest` {num(data['default_is_fastest'])}.")
+
+
+def engine_load(data: dict) -> str:
+    """Median over seeds of TTFT p50 / p99 per (policy, mode) and QPS level, then the summary keys."""
+    levels = [str(q) for q in data["qps"]]
+    rows = []
+    for policy, modes in data["runs"].items():
+        for mode, per_qps in modes.items():
+            cells = [f"{num(statistics.median(r['ttft_p50_s'] for r in per_qps[q].values()))} / "
+                     f"{num(statistics.median(r['ttft_p99_s'] for r in per_qps[q].values()))}" for q in levels]
+            rows.append([policy, mode, *cells])
+    summary = data["summary"]
+    return (table(["policy", "mode", *(f"QPS {q}: TTFT p50 / p99 (s)" for q in levels)], rows) + "\n\n"
+            f"{data['sessions']} sessions per run, seeds {len(next(iter(next(iter(data['runs'].values())).values()))[levels[0]])}, "
+            f"KV {data['kv_bytes'] / 2**20:.0f} MiB. `stream_vs_oneshot_worst_ratio` "
+            f"{num(summary['stream_vs_oneshot_worst_ratio'])} (target <= 1.0), `light_load_speedup_p50` "
+            f"{num(summary['light_load_speedup_p50'])} (target >= 3), `tailguard_lowest_p99` "
+            f"{num(summary['tailguard_lowest_p99'])} (seeds won per top level: {summary['tailguard_p99_lowest_seeds']}).")
+
+
+def central(data: dict) -> str:
+    rows = [[label, num(d["admits_per_s"]), ms(d["admit_p50_ms"]), ms(d["admit_p99_ms"]), num(d["actor_calls_per_admit"])]
+            for label, d in (("batched (`CentralClient`)", data), ("one actor call per admission", data["unbatched"]))]
+    met = data["met"]
+    return (table(["", "admissions/s", "p50", "p99", "actor calls per admission"], rows) + "\n\n"
+            f"{data['replicas']} simulated replicas reporting every {num(data['report_interval_s'])} s, "
+            f"{data['open_sessions']:,} open sessions, {data['generators']} load processes x "
+            f"{data['concurrency_per_generator']} concurrent callers; late report rounds {data['late_rounds']}. Targets: "
+            f">= {data['targets']['admits_per_s']:,} admissions/s ({'met' if met['admits_per_s'] else '**missed**'}), "
+            f"p99 < {num(data['targets']['admit_p99_ms'])} ms ({'met' if met['admit_p99_ms'] else '**missed**'}).")
 
 
 def pipeline(data: dict) -> str:
@@ -187,8 +220,16 @@ def policies(data: dict) -> str:
 def scheduler_overhead(data: dict) -> str:
     sizes = sorted({int(n) for per in data["us_per_step"].values() for n in per})
     rows = [[p, *(num(per.get(str(n))) for n in sizes)] for p, per in data["us_per_step"].items()]
-    return (table(["policy", *(f"µs per step at {n:,} requests" for n in sizes)], rows) + "\n\n"
+    text = (table(["policy", *(f"µs per step at {n:,} requests" for n in sizes)], rows) + "\n\n"
             f"{data['changed_per_step']} requests changing per step, {data['statistic']} of {data['repeats']}.")
+    plugin = data.get("plugin_us_per_step")
+    if plugin:
+        prows = [[p, *(num(per.get(str(n))) for n in sizes)] for p, per in plugin.items()]
+        verdict = "met" if data["plugin_meets_target"] else "**missed**"
+        text += ("\n\nThe vLLM plug-in's own step code on real `Request` objects (`plugin_us_per_step`, best of 2 seeds):\n\n"
+                 + table(["policy", *(f"µs per step at {n:,} sessions" for n in sizes)], prows) + "\n\n"
+                 f"Target <= {num(data['plugin_target_us_at_500'])} µs at 500: {verdict}.")
+    return text
 
 
 def retrievers(data: dict) -> str:

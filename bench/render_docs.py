@@ -46,6 +46,8 @@ REGISTRY: dict[str, Entry] = {
     "engine_ttft_gap2": Entry("engine_ttft_gap2.json", doc_tables.engine_ttft),
     "engine_ttft_fp32": Entry("engine_ttft_fp32.json", doc_tables.engine_ttft),
     "cpu_dtype": Entry("cpu_dtype.json", doc_tables.cpu_dtype),
+    "central": Entry("central.json", doc_tables.central),
+    "engine_load": Entry("engine_load.json", doc_tables.engine_load),
     "pipeline": Entry("pipeline.json", doc_tables.pipeline),
     "replay_tiny_sweep": Entry("replay_tiny_sweep/results.json", doc_tables.replay_sweep),
     "qa": Entry("qa.json", doc_tables.qa),

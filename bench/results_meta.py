@@ -127,9 +127,14 @@ def legacy_meta(known: dict, note: str) -> dict:
 
 
 def missing_metadata(report: dict) -> list[str]:
-    """Required keys a results file lacks (declared as `missing`, or simply absent)."""
+    """Required keys a results file lacks (declared as `missing`, or absent).
+
+    A key recorded as null says "not applicable" (a scheduler micro-benchmark runs no model), except
+    commit, date and machine, which every run has.
+    """
     meta = report.get(META_KEY)
     if not isinstance(meta, dict):
         return list(REQUIRED)
     declared = set(meta.get("missing", []))
-    return [k for k in REQUIRED if k in declared or meta.get(k) is None]
+    always = ("commit", "date_utc", "machine")
+    return [k for k in REQUIRED if k in declared or k not in meta or (k in always and meta[k] is None)]

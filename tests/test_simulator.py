@@ -95,3 +95,15 @@ def test_bad_config_is_rejected():
         SimConfig("fcfs", "batch", TIGHT)
     with pytest.raises(SimConfigError):
         SimConfig("fcfs", "streaming", TIGHT, num_engines=0)
+
+
+def test_busy_time_counts_recompute_where_the_makespan_cannot_tell():
+    """Busy time = time the engines spent stepping; eviction's recompute adds to it, not to the arrivals."""
+    traces = synthetic_crawler_traces(60, seed=2)
+    runs = {policy: _run(traces, policy) for policy in sorted(POLICIES)}
+    for result in runs.values():
+        assert 0 < result.busy_s <= result.makespan_s
+        assert result.summary()["busy_s"] == result.busy_s
+    by_recompute = sorted(runs.values(), key=lambda r: r.tokens_recomputed)
+    assert by_recompute[0].tokens_recomputed < by_recompute[-1].tokens_recomputed
+    assert by_recompute[0].busy_s < by_recompute[-1].busy_s  # more recompute, more engine time
