@@ -105,7 +105,7 @@ def engine_load(data: dict) -> str:
             rows.append([policy, mode, *cells])
     summary = data["summary"]
     return (table(["policy", "mode", *(f"QPS {q}: TTFT p50 / p99 (s)" for q in levels)], rows) + "\n\n"
-            f"{data['sessions']} sessions per run, seeds {len(next(iter(next(iter(data['runs'].values())).values()))[levels[0]])}, "
+            f"{data['sessions']} sessions per run, seeds {data[META_KEY]['seeds']}, "
             f"KV {data['kv_bytes'] / 2**20:.0f} MiB. `stream_vs_oneshot_worst_ratio` "
             f"{num(summary['stream_vs_oneshot_worst_ratio'])} (target <= 1.0), `light_load_speedup_p50` "
             f"{num(summary['light_load_speedup_p50'])} (target >= 3), `tailguard_lowest_p99` "

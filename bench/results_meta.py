@@ -44,15 +44,10 @@ def git_state() -> dict:
 
 def _cpu() -> dict:
     """CPU model and whether it computes bfloat16 natively (the CPU engine's speed hinges on it)."""
-    from engine.engine_args import cpu_has_native_bf16
+    from engine.engine_args import cpu_has_native_bf16, cpuinfo_field
 
-    model = None
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
-    except OSError:
-        pass
-    return {"cpu_model": model or platform.processor() or None, "cpu_bf16": cpu_has_native_bf16()}
+    model = cpuinfo_field("model name") or platform.processor() or None
+    return {"cpu_model": model, "cpu_bf16": cpu_has_native_bf16()}
 
 
 def engine_dtype(dtype: str | None) -> str:

@@ -55,14 +55,18 @@ def resolve_platform(config: EngineConfig, detected: str) -> str:
     return config.platform
 
 
-def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX-BF16)."""
+def cpuinfo_field(name: str, cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The first `name` line's value in /proc/cpuinfo (None where there is none, or no such file)."""
     try:
         with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(name)), None)
     except OSError:
-        return False
-    return bool(NATIVE_BF16_FLAGS & set(flags))
+        return None
+
+
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX-BF16)."""
+    return bool(NATIVE_BF16_FLAGS & set((cpuinfo_field("flags", cpuinfo) or "").split()))
 
 
 def with_platform_defaults(config: EngineConfig, platform: str, cpu_bf16: bool = False) -> EngineConfig:
