@@ -5,8 +5,9 @@ cache (fresh cache salt) and decodes one token; the dtypes alternate engine by e
 the ratio is measured under one load. Without native bfloat16 (AVX512-BF16 or AMX) PyTorch emulates
 it on the CPU, which is why the engine's CPU default is float32 there.
 
-Keys that can fail: `default_is_fastest` (the dtype `EngineConfig(dtype=None)` picks here is the
-fastest measured, within `--tolerance`), and `float32_speedup` (bfloat16 TTFT / float32 TTFT).
+The verdict `default_is_fastest` (the dtype `EngineConfig(dtype=None)` picks here is the fastest
+measured, within `--tolerance`) fails the run (exit status 1) when false; `float32_speedup`
+(bfloat16 TTFT / float32 TTFT) is the measured ratio.
 Writes bench/results/cpu_dtype.json.
 """
 
