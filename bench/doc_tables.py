@@ -202,6 +202,18 @@ def reliability(data: dict) -> str:
     return text
 
 
+def soak(data: dict) -> str:
+    rows = [[name, r["requests"], r["failures"], num(r["p50_ms"]), num(r["p95_ms"]), num(r["p99_ms"])]
+            for name, r in sorted(data["by_request"].items())]
+    text = table(["request", "requests", "failures", "p50 ms", "p95 ms", "p99 ms"], rows)
+    kinds = "; ".join(f"{f['request']}: {f['kind']} x{f['count']}" for f in data["failures_by_kind"]) or "none"
+    end = data["end"]
+    text += (f"\n\n{data['users']} users for {data['duration_s']} s: {num(data['requests'])} requests, {num(data['failures'])} "
+             f"failed ({kinds}). At the end: drained {num(data['drained'])}, KV blocks {end.get('kv_blocks_used')} "
+             f"(idle level {end.get('idle_kv_blocks')}), leaks: {data['leaks'] or 'none'}.")
+    return text
+
+
 POLICY_ORDER = ("default_vllm", "fcfs", "lcas", "mcps", "tailguard")
 
 

@@ -53,6 +53,7 @@ REGISTRY: dict[str, Entry] = {
     "qa": Entry("qa.json", doc_tables.qa),
     "qa_kinds": Entry("qa_kinds.json", doc_tables.qa),
     "reliability": Entry("reliability.json", doc_tables.reliability),
+    "soak": Entry("soak.json", doc_tables.soak),
     "policies": Entry("policies.json", doc_tables.policies),
     "scheduler_overhead": Entry("scheduler_overhead.json", doc_tables.scheduler_overhead),
     "retrievers": Entry("retrievers.json", doc_tables.retrievers),

@@ -133,11 +133,13 @@ class StreamingEngine(ABC):
     def finish(self, session_id: str, question: str | None = None,
                token_ids: Sequence[int] | None = None,
                sampling: SamplingConfig | None = None) -> AsyncIterator[OutputDelta]:
-        """Add the last piece (the question) and stream the answer. The session closes after."""
+        """Add the last piece (the question) and stream the answer. The session closes when the
+        answer ends or its reader leaves: closes the iterator (`aclose()`) or drops it unread."""
 
     @abstractmethod
     async def abort(self, session_id: str) -> None:
-        """Close the session and free its KV; unknown ids raise `SessionNotFoundError`."""
+        """Close the session and free its KV; unknown ids (and a session already closing) raise
+        `SessionNotFoundError`."""
 
     @abstractmethod
     async def wait_prefilled(self, session_id: str) -> int:

@@ -18,7 +18,7 @@ from vllm.engine.protocol import StreamingInput
 from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 
-from engine.vllm_views import DEFERRED_TURN, OPENED_ARG, PARTIAL_TURN_ARG, RECOMPUTED_KEY
+from engine.vllm_views import DEFERRED_TURN, OPENED_ARG, PARTIAL_TURN_ARG, RECOMPUTED_KEY, SUPERSEDES_ARG
 
 # The mark tells the scheduler plug-in that this turn is not the question (`engine.vllm_views`).
 _PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA,
@@ -30,11 +30,14 @@ ABORTED = "abort"  # finish reason of an answer cut short by close()
 class LiveRequest:
     """Feeds inputs to `AsyncLLM.generate` and sorts what comes back into throwaway and answer."""
 
-    def __init__(self, llm, on_prefilled=None, opened_at: float | None = None):
-        """`opened_at` (wall clock, as vLLM stamps arrivals): when the session opened, for a
-        request that replaces an earlier one of the same session: it keeps its place in line."""
+    def __init__(self, llm, on_prefilled=None, replaces: "LiveRequest | None" = None,
+                 opened_at: float | None = None):
+        """For a request that `replaces` an earlier one of the same session: `opened_at` (wall
+        clock, as vLLM stamps arrivals) is when the session opened, so it keeps its place in line,
+        and the scheduler ranks the replaced request last from then on."""
         self.request_id = f"s2l-{uuid.uuid4().hex[:12]}"
-        self._opened_at = opened_at
+        self._replacing = None if opened_at is None else {
+            OPENED_ARG: opened_at, SUPERSEDES_ARG: replaces.request_id if replaces else None}
         self._sent_first = False
         self.started = asyncio.Event()  # the engine answered once: the first input was prefilled
         self._llm = llm
@@ -68,9 +71,9 @@ class LiveRequest:
         self._inputs.put_nowait(_STREAM_END)
 
     def _put(self, token_ids: list[int], params: SamplingParams) -> None:
-        if self._opened_at is not None and not self._sent_first:
+        if self._replacing is not None and not self._sent_first:
             params = params.clone()  # first input of a replacement: carry the session's opening
-            params.extra_args = {**(params.extra_args or {}), OPENED_ARG: self._opened_at}
+            params.extra_args = {**(params.extra_args or {}), **self._replacing}
         self._sent_first = True
         # The engine mutates the first prompt's list in place: always hand over a copy.
         self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(token_ids)), params))
@@ -91,9 +94,11 @@ class LiveRequest:
         """Until every context chunk given so far was taken in: prefilled, or (a stream degraded
         to one-shot under memory pressure) accepted to be prefilled with the question."""
         waiter = asyncio.ensure_future(self._prefilled.wait())
-        done, _ = await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()  # also when the caller is cancelled: no orphaned waiter task
         if waiter not in done:
-            waiter.cancel()
             raise RuntimeError("the engine request ended before its context was prefilled")
 
     async def answer(self) -> AsyncIterator[tuple[list[int], bool, str | None]]:
@@ -109,8 +114,10 @@ class LiveRequest:
     async def wait_started(self) -> None:
         """Until the engine has answered this request once, or the request has ended."""
         waiter = asyncio.ensure_future(self.started.wait())
-        await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
+        try:
+            await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
 
     async def close_after(self, replacement) -> None:
         """Close this request once `replacement` (or None) has run once; cancelling closes at once."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,38 @@ class Session:
     # Requests replaced by an update or a seeded question, kept until their replacement has run
     # once so that it shares their prefix blocks instead of recomputing them (then closed).
     retiring: dict = field(default_factory=dict)  # replaced request -> task that closes it
+
+
+class AnswerStream:
+    """The answer of a finished session, as an async iterator that ends the session however its
+    reader leaves: at the end, by `aclose()`, or by dropping it. An async generator dropped before
+    its first step never runs its `finally`, so a reader that went away without reading would
+    otherwise leave the session decoding, then finishing, forever."""
+
+    def __init__(self, answer: AsyncIterator, close_unread: Callable[[], Awaitable[None]]):
+        self._answer = answer  # an async generator whose `finally` closes the session
+        self._close_unread = close_unread
+        self._started = False
+        self._loop = asyncio.get_running_loop()
+
+    def __aiter__(self) -> "AnswerStream":
+        return self
+
+    async def __anext__(self):
+        self._started = True
+        return await self._answer.__anext__()
+
+    async def aclose(self) -> None:
+        if not self._started:
+            self._started = True
+            await self._close_unread()
+        await self._answer.aclose()
+
+    def __del__(self):
+        # Garbage collection may run on any thread: hand the close to the session's loop.
+        if not self._started and not self._loop.is_closed():
+            self._started = True
+            self._loop.call_soon_threadsafe(self._loop.create_task, self._close_unread())
 
 
 def longest_common_prefix(old: Sequence[int], new: Sequence[int]) -> int:

@@ -19,7 +19,7 @@ from engine.api import (ContextTooLongError, EngineStats, InvalidInputError, Out
                         SamplingConfig, SessionNotFoundError, SessionStateError,
                         SessionStats, StreamingEngine)
 from engine.config import EngineConfig
-from engine.session import (IncrementalDetokenizer, Session, SessionState, check_text,
+from engine.session import (AnswerStream, IncrementalDetokenizer, Session, SessionState, check_text,
                             check_token_ids, longest_common_prefix)
 
 _CLOSED_STATS_KEPT = 1024
@@ -91,7 +91,7 @@ class VLLMStreamingEngine(StreamingEngine):
 
     def _session(self, session_id: str, *, for_input: bool = True) -> Session:
         session = self._sessions.get(session_id)
-        if session is None:
+        if session is None or session.state is SessionState.CLOSED:  # closed: gone once its KV is freed
             raise SessionNotFoundError(f"no open session {session_id!r}")
         if for_input and session.state is not SessionState.OPEN:
             raise SessionStateError(f"session {session_id!r} is {session.state.value}: no more input")
@@ -101,16 +101,18 @@ class VLLMStreamingEngine(StreamingEngine):
         if num_tokens > self.context_limit:
             raise ContextTooLongError(num_tokens, self.context_limit, session_closed=False)
 
-    def _start_request(self, session: Session, reusable: int | None = None):
-        """A new engine request for `session`; `reusable`: for one that replaces an earlier request,
-        how many leading tokens of its input that one had computed (it keeps the session's place)."""
+    def _start_request(self, session: Session, reusable: int | None = None, replaces=None):
+        """A new engine request for `session`; for one that `replaces` an earlier request (`None`
+        there when the session had none), `reusable` says how many leading tokens of its input that
+        one had computed; it keeps the session's place in line."""
         from engine.live_request import LiveRequest
 
         def on_prefilled(tokens: int) -> None:
             if session.state is SessionState.OPEN or session.stats.finish_at is None:
                 session.stats.tokens_prefilled_before_finish = tokens
 
-        session.request = LiveRequest(self._llm, on_prefilled, None if reusable is None else session.opened_at)
+        session.request = LiveRequest(self._llm, on_prefilled, replaces,
+                                      None if reusable is None else session.opened_at)
         session.request.reusable_tokens = reusable or 0
         return session.request
 
@@ -144,7 +146,7 @@ class VLLMStreamingEngine(StreamingEngine):
         session.stats.tokens_invalidated += len(session.context) - keep
         old, session.request, session.context = session.request, None, []
         if ids:
-            self._start_request(session, min(keep, old.prefilled_tokens) if old else 0).add_context(ids)
+            self._start_request(session, min(keep, old.prefilled_tokens) if old else 0, old).add_context(ids)
             session.context = ids
         self._retire(session, old)
         self._note_chunk(session)
@@ -178,7 +180,7 @@ class VLLMStreamingEngine(StreamingEngine):
             # parameters: a seed on a later turn would be ignored. Honour it with a fresh request
             # for context + question; the live one is kept until then, so its KV is shared.
             old, session.request = request, None
-            request = self._start_request(session, reusable=len(session.context))
+            request = self._start_request(session, reusable=len(session.context), replaces=old)
             ids = session.context + ids
             session.context = []
             self._retire(session, old)
@@ -186,7 +188,7 @@ class VLLMStreamingEngine(StreamingEngine):
         session.context.extend(ids)
         session.stats.finish_at = time.monotonic()
         request.add_final(ids, _sampling_params(sampling))
-        return self._stream_answer(session, request)
+        return AnswerStream(self._stream_answer(session, request), lambda: self._close(session))
 
     async def _stream_answer(self, session: Session, request) -> AsyncIterator[OutputDelta]:
         detok = IncrementalDetokenizer(self._tokenizer)
@@ -201,10 +203,7 @@ class VLLMStreamingEngine(StreamingEngine):
             await self._close(session)
 
     async def abort(self, session_id: str) -> None:
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise SessionNotFoundError(f"no open session {session_id!r}")
-        await self._close(session)
+        await self._close(self._session(session_id, for_input=False))
 
     async def _close(self, session: Session) -> None:
         if session.state is SessionState.CLOSED:
@@ -280,7 +279,9 @@ class VLLMStreamingEngine(StreamingEngine):
             sessions_decoding=decoding,
             preemptions=self._snapshot.preemptions,
             extra={"engine_steps": self._snapshot.steps, "running": self._snapshot.num_running,
-                   "waiting": self._snapshot.num_waiting},
+                   "waiting": self._snapshot.num_waiting,
+                   # requests vLLM's front end still tracks: a leaked one holds KV and a slot
+                   "requests_in_flight": self._llm.output_processor.get_num_unfinished_requests()},
         )
 
     async def shutdown(self) -> None:

@@ -174,6 +174,8 @@ class PolicySchedulerMixin:
         super().add_request(request)
         if is_new:
             self.book.open(request)
+        else:  # a later turn: applied now (`_update_request_as_session`) or queued behind the current one
+            self.book.mark(self.requests[request.request_id])
 
     def _free_request(self, request, *args, **kwargs):
         """Every finished request passes here: no per-request entry outlives it.

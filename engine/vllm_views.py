@@ -6,12 +6,16 @@ session path (`Scheduler._handle_stopped_request`, `_update_request_as_session`)
 - `seq` and `first_chunk_arrival` are fixed when vLLM first sees the request (the session's first
   chunk opens it): a stable order that later chunks never reshuffle. A request that replaces an
   earlier one of the same session (update mode) carries the session's opening time in
-  `OPENED_ARG` and keeps that first arrival, so it keeps its place in first-arrival orders.
+  `OPENED_ARG` and keeps that first arrival, so it keeps its place in first-arrival orders; it
+  names the request it replaces in `SUPERSEDES_ARG`, which from then on ranks last (it is kept
+  only so that its prefix blocks can be shared, and it shares the session's rank: were it not
+  ranked last, the replacement could never evict it and both would wait for memory forever).
 - `last_chunk_arrival` and `chunk_gaps` follow every later chunk (vLLM stamps each streaming update
   with its own arrival time).
-- `complete` is true once the turn being served is the final one: our streamed sessions mark every
-  prefill-only turn with `PARTIAL_TURN_ARG` in its sampling parameters' `extra_args`; the question's
-  turn (and any plain one-shot request) carries no mark.
+- `complete` is true once the final turn has arrived, served now or queued in the request's
+  `streaming_queue` behind a context turn: our streamed sessions mark every prefill-only turn with
+  `PARTIAL_TURN_ARG` in its sampling parameters' `extra_args`; the question's turn (and any plain
+  one-shot request) carries no mark.
 - A partial turn's work is its prompt only. vLLM samples one throwaway token at the end of every
   turn and trims it when the next chunk comes; until then it sits in the request's token list but
   is never computed, so an idle stream (`WAITING_FOR_STREAMING_REQ`, all prompt tokens computed)
@@ -36,6 +40,7 @@ from scheduler.request import RequestView
 
 PARTIAL_TURN_ARG = "stream2llm_partial"
 OPENED_ARG = "stream2llm_opened"  # wall-clock opening of the session a replacement request serves
+SUPERSEDES_ARG = "stream2llm_supersedes"  # id of the session's request a replacement supersedes
 # Tokens the scheduler had to compute again after evicting or preempting the request, reported on
 # its final output (see `engine.vllm_scheduler.PolicySchedulerMixin._free_request`).
 RECOMPUTED_KEY = "stream2llm_tokens_recomputed"
@@ -43,6 +48,13 @@ RECOMPUTED_KEY = "stream2llm_tokens_recomputed"
 DEFERRED_TURN = "stream2llm_deferred"
 _IDLE = RequestStatus.WAITING_FOR_STREAMING_REQ
 _RUNNING = RequestStatus.RUNNING
+
+
+def _client_ids(request_id: str) -> tuple[str, str]:
+    """The ids the front end may have given a request: vLLM's input processor appends `-` and 8
+    random characters to make the scheduler's id unique (`InputProcessor`, vLLM 0.32), unless
+    VLLM_DISABLE_REQUEST_ID_RANDOMIZATION is set."""
+    return request_id, request_id.rsplit("-", 1)[0]
 
 
 def is_partial_params(params) -> bool:
@@ -60,7 +72,11 @@ def fill_view(view: RequestView, request, block_size: int) -> None:
     """Copy the request's scheduling state into `view` (arrival fields are the book's)."""
     computed = request.num_computed_tokens
     partial = is_partial_turn(request)
-    view.complete = not partial
+    # The question may wait in the request's streaming queue behind a context turn not yet
+    # prefilled: the session is complete then, and must rank as such, or a context turn that only
+    # free memory may serve (TailGuard) would hold its own question back forever.
+    view.complete = not partial or any(update is not None and not is_partial_params(update.sampling_params)
+                                       for update in request.streaming_queue or ())
     view.num_prompt_tokens = request.num_prompt_tokens
     view.num_computed_tokens = computed
     if partial:  # the turn's sampled token is thrown away: never work
@@ -84,6 +100,7 @@ class ViewBook:
         self._seq = itertools.count()
         self._admissions = itertools.count()
         self._dirty: dict[str, object] = {}
+        self._by_client_id: dict[str, str] = {}  # id the front end gave -> vLLM's internal id
 
     def open(self, request) -> None:
         """A request vLLM has not seen before: its arrival opens the session."""
@@ -93,6 +110,12 @@ class ViewBook:
         view = RequestView(request.request_id, next(self._seq), opened, arrival, request.num_prompt_tokens)
         self.views[request.request_id] = view
         self._dirty[request.request_id] = request
+        for alias in _client_ids(request.request_id):
+            self._by_client_id[alias] = request.request_id
+        superseded = self.views.get(self._by_client_id.get(extra.get(SUPERSEDES_ARG))) if extra else None
+        if superseded is not None:
+            superseded.superseded = True
+            self.queue.touch(superseded)
 
     def chunk(self, request, arrival: float) -> None:
         """The next turn of a streamed session arrived at `arrival` (vLLM's clock)."""
@@ -115,6 +138,9 @@ class ViewBook:
         """The request finished: forget it (no entry outlives its request)."""
         view = self.views.pop(request_id, None)
         self._dirty.pop(request_id, None)
+        for alias in _client_ids(request_id):
+            if self._by_client_id.get(alias) == request_id:
+                del self._by_client_id[alias]
         if view is not None:
             self.queue.remove(view)
 

@@ -32,8 +32,8 @@ from pipeline.metrics import PipelineMetrics
 from pipeline.oneshot import oneshot_rag_events
 from pipeline.prompt import PromptTemplate, fetch_template
 from pipeline.retriever_actors import RetrieverActors
-from pipeline.schemas import (ChatCompletionRequest, ChunkBody, CompletionRequest, FinishBody, OpenStream,
-                              RagRequest, ReplaceBody)
+from pipeline.schemas import (BODY_ERRORS, ChatCompletionRequest, ChunkBody, CompletionRequest, FinishBody,
+                              OpenStream, RagRequest, ReplaceBody, error_responses, event_stream_or_json)
 from pipeline.session_store import SessionStore
 from pipeline.sources import format_piece, source_type
 
@@ -84,7 +84,7 @@ def _route(method: str, path: str, **kw):
 
 
 class IngressRoutes(Ingress):
-    @_route("get", "/healthz")
+    @_route("get", "/healthz", responses={503: {"description": "The central scheduler does not answer, or no replica is up."}})
     async def healthz(self):
         try:
             pressure = await scheduler_health(self.scheduler, timeout_s=2.0)
@@ -94,7 +94,7 @@ class IngressRoutes(Ingress):
         return JSONResponse({"ok": ok, "replicas": pressure["replicas"], "sessions": await self.sessions.count()},
                             status_code=200 if ok else 503)
 
-    @_route("get", "/metrics")
+    @_route("get", "/metrics", response_class=Response, responses={200: {"description": "Prometheus text format.", "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def metrics_route(self):
         replicas, pressure = await asyncio.gather(self.scheduler.replicas.remote(),
                                                   self.scheduler.pressure.remote())
@@ -107,7 +107,8 @@ class IngressRoutes(Ingress):
                                                   self.scheduler.pressure.remote())
         return {"pressure": pressure, "replicas": replicas}
 
-    @_route("post", "/v1/rag")
+    @_route("post", "/v1/rag", responses={**event_stream_or_json("The answer: SSE events (context, token, final), or one JSON object with stream=false."),
+                                       **error_responses(*BODY_ERRORS, 404, 409, 429, 501)})
     async def rag(self, body: RagRequest, last_event_id: str | None = Header(None)):
         if last_event_id:
             return await self._run(self._resume(last_event_id, None, body.stream))
@@ -131,7 +132,7 @@ class IngressRoutes(Ingress):
             return event_stream(events)
         return await _collect(events)
 
-    @_route("post", "/v1/streams", status_code=201)
+    @_route("post", "/v1/streams", status_code=201, responses=error_responses(*BODY_ERRORS, 429))
     async def open_stream(self, body: OpenStream):
         return await self._run(self._open(body))
 
@@ -144,18 +145,18 @@ class IngressRoutes(Ingress):
             raise
         return JSONResponse(session.summary(), status_code=201)
 
-    @_route("get", "/v1/streams/{session_id}")
+    @_route("get", "/v1/streams/{session_id}", responses=error_responses(404))
     async def stream_info(self, session_id: str):
         return await self._run(self._info(session_id))
 
     async def _info(self, session_id: str):
         return (await self.sessions.get(session_id, for_change=False))[0].summary()
 
-    @_route("post", "/v1/streams/{session_id}/chunks")
+    @_route("post", "/v1/streams/{session_id}/chunks", responses=error_responses(*BODY_ERRORS, 404, 409, 429))
     async def append_chunk(self, session_id: str, body: ChunkBody):
         return await self._run(self._add(session_id, "append", [body], body.seq))
 
-    @_route("put", "/v1/streams/{session_id}/context")
+    @_route("put", "/v1/streams/{session_id}/context", responses=error_responses(*BODY_ERRORS, 404, 409, 429))
     async def replace_context(self, session_id: str, body: ReplaceBody):
         return await self._run(self._add(session_id, "replace", body.chunks, body.seq))
 
@@ -178,13 +179,15 @@ class IngressRoutes(Ingress):
         await self.sessions.commit(session, (kind, text), cites)
         return {**session.summary(), "context_tokens": tokens, "duplicate": False}
 
-    @_route("post", "/v1/streams/{session_id}/finish")
+    @_route("post", "/v1/streams/{session_id}/finish", responses={**event_stream_or_json("The answer: SSE events (token, final), or one JSON object with stream=false."),
+                                                               **error_responses(*BODY_ERRORS, 404, 409, 429)})
     async def finish_stream(self, session_id: str, body: FinishBody, last_event_id: str | None = Header(None)):
         if last_event_id:
             return await self._run(self._resume(last_event_id, session_id, body.stream))
         return await self._run(self._finish(session_id, body))
 
-    @_route("get", "/v1/streams/{session_id}/answer")
+    @_route("get", "/v1/streams/{session_id}/answer", responses={200: {"description": "The rest of the answer (SSE).", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                                                             **error_responses(400, 404, 409)})
     async def answer_stream(self, session_id: str, last_event_id: str | None = Header(None)):
         """EventSource-style reconnect (GET with Last-Event-ID) to an answer in progress or done."""
         if not last_event_id:
@@ -198,7 +201,7 @@ class IngressRoutes(Ingress):
         events = await first_then_rest(events)
         return event_stream(events) if body.stream else await _collect(events)
 
-    @_route("delete", "/v1/streams/{session_id}", status_code=204)
+    @_route("delete", "/v1/streams/{session_id}", status_code=204, responses=error_responses(404))
     async def delete_stream(self, session_id: str):
         return await self._run(self._delete(session_id))
 
@@ -213,11 +216,13 @@ class IngressRoutes(Ingress):
     async def models(self):
         return openai_routes.models(self.config)
 
-    @_route("post", "/v1/completions")
+    @_route("post", "/v1/completions", responses={**event_stream_or_json("A completion, or SSE chunks with stream=true."),
+                                               **error_responses(*BODY_ERRORS, 404, 429, openai=True)})
     async def completions(self, body: CompletionRequest):
         return await self._run(openai_routes.completions(self, body), openai=True)
 
-    @_route("post", "/v1/chat/completions")
+    @_route("post", "/v1/chat/completions", responses={**event_stream_or_json("A chat completion, or SSE chunks with stream=true."),
+                                                    **error_responses(*BODY_ERRORS, 404, 429, openai=True)})
     async def chat_completions(self, body: ChatCompletionRequest):
         return await self._run(openai_routes.chat_completions(self, body), openai=True)
 

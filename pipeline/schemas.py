@@ -109,3 +109,52 @@ class ChatCompletionRequest(BaseModel):
 
     def answer_tokens(self) -> int:
         return self.max_completion_tokens or self.max_tokens or 64
+
+
+# ---- documented responses (OpenAPI): the error shapes of pipeline.http_util -------------------
+class ErrorBody(BaseModel):
+    """Every error of the stream2llm routes (extra fields: `retry_after_s` on 429)."""
+
+    model_config = ConfigDict(extra="allow")
+    error: str = Field(description="The error's kind, e.g. SessionGone, ValidationError, AdmissionRejected.")
+    reason: str = Field(description="What was wrong, for a person.")
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIErrorBody(BaseModel):
+    """Errors of the OpenAI-compatible routes, as OpenAI's API shapes them."""
+
+    error: OpenAIErrorDetail
+
+
+_STATUS_MEANING = {
+    400: "Malformed JSON or input the engine refuses (e.g. a bad Last-Event-ID).",
+    401: "Missing or wrong bearer token (when the app is configured with tokens).",
+    404: "No such session, model or path.",
+    409: "The session's state refuses the call (e.g. input after finish, a second finish).",
+    413: "The body, the context or the answer budget exceeds its limit.",
+    422: "The body does not match the schema.",
+    429: "Admission refused: no replica has room; retry after the Retry-After header's seconds.",
+    501: "The source is not available on this deployment.",
+}
+BODY_ERRORS = (400, 401, 413, 422)  # what any route with a body can answer before it runs
+
+
+def error_responses(*statuses: int, openai: bool = False) -> dict:
+    """OpenAPI `responses` for a route's error statuses (401 on every route: auth is optional)."""
+    model = OpenAIErrorBody if openai else ErrorBody
+    return {status: {"model": model, "description": _STATUS_MEANING[status]}
+            for status in sorted({*statuses, 401})}
+
+
+def event_stream_or_json(description: str) -> dict:
+    """A 200 that is an SSE stream when the body asks `stream: true`, else one JSON object."""
+    return {200: {"description": description,
+                  "content": {"text/event-stream": {"schema": {"type": "string"}},
+                              "application/json": {"schema": {"type": "object"}}}}}

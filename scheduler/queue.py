@@ -18,7 +18,11 @@ from scheduler.request import RequestView
 class PolicyQueue:
     def __init__(self, policy: Policy):
         self.policy = policy
-        self._key_of = policy.sort_key
+        policy_key = policy.sort_key
+        # A superseded request (a session's earlier request, kept only to lend its prefix blocks to
+        # the one that replaced it) ranks after every live one under every policy: evicting it
+        # first can never deadlock the replacement behind it.
+        self._key_of = lambda view: (view.superseded, policy_key(view))
         self._keys: dict[int, tuple] = {}  # seq -> current key
         self._sorted_keys: list[tuple] = []
         self._sorted_views: list[RequestView] = []  # parallel to _sorted_keys
@@ -48,7 +52,7 @@ class PolicyQueue:
             del self._sorted_keys[at], self._sorted_views[at]
 
     def key_of(self, view: RequestView) -> tuple:
-        """The key `view` is filed under (as of its last `touch`)."""
+        """The key `view` is filed under (as of its last `touch`): (superseded, the policy's key)."""
         return self._keys[view.seq]
 
     def ordered(self) -> list[RequestView]:

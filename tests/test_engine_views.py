@@ -10,7 +10,7 @@ from vllm import SamplingParams
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
-from engine.vllm_views import PARTIAL_TURN_ARG, ViewBook, is_partial_turn
+from engine.vllm_views import OPENED_ARG, PARTIAL_TURN_ARG, SUPERSEDES_ARG, ViewBook, is_partial_turn
 from scheduler.policies import POLICIES, make_policy
 from scheduler.policies.tailguard import expected_next_chunk
 
@@ -129,7 +129,7 @@ def test_every_policy_key_in_every_state(name, state):
     _session_in(state, book)
     book.ordered()
     view = book.views[state]
-    assert book.key(state) == (*EXPECTED_KEYS[name][state], view.seq)
+    assert book.key(state) == (False, (*EXPECTED_KEYS[name][state], view.seq))
     assert view.blocked == (state == "idle_evicted")
 
 
@@ -144,7 +144,7 @@ def test_tailguard_idle_band_uses_the_streams_own_gaps():
     book.mark(request)
     book.ordered()
     view = book.views["s"]
-    assert book.key("s") == (3, 16.0, 0) and expected_next_chunk(view) == 16.0
+    assert book.key("s") == (False, (3, 16.0, 0)) and expected_next_chunk(view) == 16.0
 
 
 def test_finished_requests_leave_no_view_and_order_is_stable():
@@ -158,3 +158,26 @@ def test_finished_requests_leave_no_view_and_order_is_stable():
     assert len(book) == 2 and [v.request_id for v in book.ordered()] == ["r3", "r4"]
     book.mark(requests[0])  # a late mark for a finished request is ignored
     assert [v.request_id for v in book.ordered()] == ["r3", "r4"]
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_superseded_request_ranks_last_under_every_policy(policy):
+    """An update's replacement names the request it replaces by the front end's id (vLLM appends a
+    random suffix to the scheduler's copy): from then on the replaced one ranks after every live
+    request, so the replacement can evict it (found by the state machine test: otherwise both
+    waited for memory forever)."""
+    book = _book(policy)
+    old = _request("s2l-old-1a2b3c4d", 100, 10.0)
+    other = _request("s2l-other-9f8e7d6c", 50, 11.0)
+    for request in (old, other):
+        book.open(request)
+        _finish_turn(request)
+        book.mark(request)
+    replacement = _request("s2l-new-5e6f7a8b", 40, 12.0, SamplingParams(
+        max_tokens=1, temperature=0.0, extra_args={PARTIAL_TURN_ARG: True, OPENED_ARG: 10.0, SUPERSEDES_ARG: "s2l-old"}))
+    book.open(replacement)
+    order = [v.request_id for v in book.ordered()]
+    assert book.views["s2l-old-1a2b3c4d"].superseded and order[-1] == "s2l-old-1a2b3c4d"
+    assert not book.views["s2l-other-9f8e7d6c"].superseded
+    book.close("s2l-old-1a2b3c4d")
+    assert not book._by_client_id.get("s2l-old")  # no entry outlives its request
