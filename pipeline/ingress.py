@@ -32,8 +32,9 @@ from pipeline.metrics import PipelineMetrics
 from pipeline.oneshot import oneshot_rag_events
 from pipeline.prompt import PromptTemplate, fetch_template
 from pipeline.retriever_actors import RetrieverActors
-from pipeline.schemas import (BODY_ERRORS, ChatCompletionRequest, ChunkBody, CompletionRequest, FinishBody,
-                              OpenStream, RagRequest, ReplaceBody, error_responses, event_stream_or_json)
+from pipeline.schemas import (BODY_ERRORS, HEALTH_RESPONSES, ChatCompletionRequest, ChunkBody, CompletionRequest,
+                              FinishBody, OpenStream, RagRequest, ReplaceBody, error_responses, event_stream_or_json,
+                              text_response)
 from pipeline.session_store import SessionStore
 from pipeline.sources import format_piece, source_type
 
@@ -84,7 +85,7 @@ def _route(method: str, path: str, **kw):
 
 
 class IngressRoutes(Ingress):
-    @_route("get", "/healthz", responses={503: {"description": "The central scheduler does not answer, or no replica is up."}})
+    @_route("get", "/healthz", responses=HEALTH_RESPONSES)
     async def healthz(self):
         try:
             pressure = await scheduler_health(self.scheduler, timeout_s=2.0)
@@ -94,7 +95,7 @@ class IngressRoutes(Ingress):
         return JSONResponse({"ok": ok, "replicas": pressure["replicas"], "sessions": await self.sessions.count()},
                             status_code=200 if ok else 503)
 
-    @_route("get", "/metrics", response_class=Response, responses={200: {"description": "Prometheus text format.", "content": {"text/plain": {"schema": {"type": "string"}}}}})
+    @_route("get", "/metrics", response_class=Response, responses=text_response("text/plain", "Prometheus text format."))
     async def metrics_route(self):
         replicas, pressure = await asyncio.gather(self.scheduler.replicas.remote(),
                                                   self.scheduler.pressure.remote())
@@ -107,7 +108,7 @@ class IngressRoutes(Ingress):
                                                   self.scheduler.pressure.remote())
         return {"pressure": pressure, "replicas": replicas}
 
-    @_route("post", "/v1/rag", responses={**event_stream_or_json("The answer: SSE events (context, token, final), or one JSON object with stream=false."),
+    @_route("post", "/v1/rag", responses={**event_stream_or_json("The answer: SSE events (context, token, final), or JSON."),
                                        **error_responses(*BODY_ERRORS, 404, 409, 429, 501)})
     async def rag(self, body: RagRequest, last_event_id: str | None = Header(None)):
         if last_event_id:
@@ -179,14 +180,14 @@ class IngressRoutes(Ingress):
         await self.sessions.commit(session, (kind, text), cites)
         return {**session.summary(), "context_tokens": tokens, "duplicate": False}
 
-    @_route("post", "/v1/streams/{session_id}/finish", responses={**event_stream_or_json("The answer: SSE events (token, final), or one JSON object with stream=false."),
+    @_route("post", "/v1/streams/{session_id}/finish", responses={**event_stream_or_json("The answer: SSE or JSON."),
                                                                **error_responses(*BODY_ERRORS, 404, 409, 429)})
     async def finish_stream(self, session_id: str, body: FinishBody, last_event_id: str | None = Header(None)):
         if last_event_id:
             return await self._run(self._resume(last_event_id, session_id, body.stream))
         return await self._run(self._finish(session_id, body))
 
-    @_route("get", "/v1/streams/{session_id}/answer", responses={200: {"description": "The rest of the answer (SSE).", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    @_route("get", "/v1/streams/{session_id}/answer", responses={**text_response("text/event-stream", "The rest of the answer."),
                                                              **error_responses(400, 404, 409)})
     async def answer_stream(self, session_id: str, last_event_id: str | None = Header(None)):
         """EventSource-style reconnect (GET with Last-Event-ID) to an answer in progress or done."""

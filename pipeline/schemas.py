@@ -153,8 +153,18 @@ def error_responses(*statuses: int, openai: bool = False) -> dict:
             for status in sorted({*statuses, 401})}
 
 
+_TEXT = {"schema": {"type": "string"}}
+
+
+def text_response(media_type: str, description: str) -> dict:
+    """A 200 whose body is text of `media_type` (an SSE stream, Prometheus metrics)."""
+    return {200: {"description": description, "content": {media_type: _TEXT}}}
+
+
 def event_stream_or_json(description: str) -> dict:
     """A 200 that is an SSE stream when the body asks `stream: true`, else one JSON object."""
     return {200: {"description": description,
-                  "content": {"text/event-stream": {"schema": {"type": "string"}},
-                              "application/json": {"schema": {"type": "object"}}}}}
+                  "content": {"text/event-stream": _TEXT, "application/json": {"schema": {"type": "object"}}}}}
+
+
+HEALTH_RESPONSES = {503: {"description": "The central scheduler does not answer, or no replica is up."}}

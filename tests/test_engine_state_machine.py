@@ -193,6 +193,26 @@ class SessionMachine(RuleBasedStateMachine):
         sid = data.draw(st.sampled_from(sorted(self.open)))
         self.apply(sid, "abort", self.run(self.call(sid, "abort")))
 
+    @rule(target=sessions)
+    def squeeze(self):
+        """Deterministic pressure amid the random steps: the open sessions end, a session of 13
+        blocks is prefilled and left idle, then one of 15 blocks finishes (20 in the cache): the
+        idle one is evicted (TailGuard ranks idle streams last), then finishes too, recomputing.
+        Both answers must equal their one-shot answers."""
+        for sid in sorted(self.open):
+            self.apply(sid, "abort", self.run(self.call(sid, "abort")))
+        idle = self.run(self.engine.open_session())
+        self.open[idle] = []
+        self.append(idle, 5)
+        self.run(self.engine.wait_prefilled(idle))
+        asks = self.run(self.engine.open_session())
+        self.open[asks] = []
+        self.append(asks, 5)
+        self.append(asks, 1)
+        self.finish(asks, "all")
+        self.finish(idle, "all")
+        return idle
+
     @rule(sid=sessions, op=st.sampled_from(["append", "replace", "finish", "abort"]),
           piece=st.integers(0, len(PIECES) - 1), read=st.sampled_from(["all", "part", "drop"]))
     def any_session(self, sid, op, piece, read):
