@@ -31,13 +31,14 @@ from bench.results_meta import engine_dtype, start_run, write_results
 
 RESULTS = Path(__file__).parent / "results" / "soak.json"
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+DTYPE = "bfloat16"  # pinned: the KV bytes below mean the same token count on every CPU
 
 
 def app_config(model: str, session_ttl_s: float):
     from pipeline.config import AppConfig
 
     return AppConfig.model_validate({
-        "model": {"model": model, "dtype": "bfloat16", "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 20},
+        "model": {"model": model, "dtype": DTYPE, "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 20},
         "replicas": {"min_replicas": 1, "max_replicas": 2, "num_cpus": 0.5, "report_interval_s": 0.5},
         "limits": {"max_queue": 16, "admission_timeout_s": 30.0, "session_ttl_s": session_ttl_s},
     })
@@ -116,7 +117,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    meta = start_run(args.model, engine_dtype("bfloat16"), seeds=[])
+    meta = start_run(args.model, engine_dtype(DTYPE), seeds=[])
     report = run(args)
     out = write_results(Path(args.out), report, meta)
     print(json.dumps({k: report[k] for k in ("requests", "failures", "failures_by_kind", "leaks", "drained")}, indent=1))

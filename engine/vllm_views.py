@@ -50,11 +50,11 @@ _IDLE = RequestStatus.WAITING_FOR_STREAMING_REQ
 _RUNNING = RequestStatus.RUNNING
 
 
-def _client_ids(request_id: str) -> tuple[str, str]:
-    """The ids the front end may have given a request: vLLM's input processor appends `-` and 8
-    random characters to make the scheduler's id unique (`InputProcessor`, vLLM 0.32), unless
-    VLLM_DISABLE_REQUEST_ID_RANDOMIZATION is set."""
-    return request_id, request_id.rsplit("-", 1)[0]
+def _client_id(request_id: str) -> str:
+    """The id the front end gave a request: vLLM's input processor appends `-` and 8 random
+    characters to make the scheduler's id unique (`InputProcessor`, vLLM 0.32; not with
+    VLLM_DISABLE_REQUEST_ID_RANDOMIZATION, where the ids are the front end's own)."""
+    return request_id.rsplit("-", 1)[0]
 
 
 def is_partial_params(params) -> bool:
@@ -110,9 +110,9 @@ class ViewBook:
         view = RequestView(request.request_id, next(self._seq), opened, arrival, request.num_prompt_tokens)
         self.views[request.request_id] = view
         self._dirty[request.request_id] = request
-        for alias in _client_ids(request.request_id):
-            self._by_client_id[alias] = request.request_id
-        superseded = self.views.get(self._by_client_id.get(extra.get(SUPERSEDES_ARG))) if extra else None
+        self._by_client_id[_client_id(request.request_id)] = request.request_id
+        wanted = extra.get(SUPERSEDES_ARG) if extra else None
+        superseded = self.views.get(wanted) or self.views.get(self._by_client_id.get(wanted))
         if superseded is not None:
             superseded.superseded = True
             self.queue.touch(superseded)
@@ -138,9 +138,8 @@ class ViewBook:
         """The request finished: forget it (no entry outlives its request)."""
         view = self.views.pop(request_id, None)
         self._dirty.pop(request_id, None)
-        for alias in _client_ids(request_id):
-            if self._by_client_id.get(alias) == request_id:
-                del self._by_client_id[alias]
+        if self._by_client_id.get(_client_id(request_id)) == request_id:
+            del self._by_client_id[_client_id(request_id)]
         if view is not None:
             self.queue.remove(view)
 

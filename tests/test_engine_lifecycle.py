@@ -105,7 +105,7 @@ def test_a_question_queued_behind_a_chunk_that_does_not_fit_is_answered(engine_o
         answer, _ = await read_answer(engine.finish(sid, question=QUESTION, sampling=GREEDY))
         assert answer == await _one_shot(engine, context)
         # the idle session is still open, yet holds no KV: it was evicted for the question
-        assert await wait_for_kv_blocks(engine, 0) == 0 and (await engine.stats()).sessions_active == 1
+        assert await wait_for_kv_blocks(engine, 0, timeout_s=60.0) == 0 and (await engine.stats()).sessions_active == 1
         await engine.abort(idle)
         await settled(engine)
     runner.run(scenario())
