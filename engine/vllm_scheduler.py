@@ -16,13 +16,15 @@ calls, and applies its decision to vLLM:
   `max_num_seqs` count, so open sessions never block admission of new work; a parked session keeps
   its KV until the planner evicts it and rejoins the queues when its next chunk arrives.
 
-Where vLLM's structure forces a difference from the simulator, which applies the decision as is:
-vLLM schedules its running list before any waiting request (a waiting request ranked above a
-running one gets budget after it), drains waiting requests that hold KV before those that do not,
-stops admitting at the first waiting request whose blocks do not fit (it chunks a prefill to the
-token budget, never to the free memory as the planner may), admits no waiting request in
-a step where it preempted, and counts blocks itself (prefix-cache hits can make a request need fewer
-blocks than the planner priced). An idle stream whose KV was evicted stays blocked until its next
+vLLM's block rules are the planner's in the plug-in (`StepBudget.whole_chunks`,
+`admit_whole_sequence`): a chunk is cut to the token budget, never to free memory, a waiting request
+is admitted only when its whole sequence fits, and admission stops at the first that does not, so
+the planner makes room for what vLLM will schedule. Where vLLM's structure still differs from the
+simulator, which applies the decision as is: vLLM schedules its running list before any waiting
+request (a waiting request ranked above a running one gets budget after it), drains waiting
+requests that hold KV before those that do not, admits no waiting request in a step where it
+preempted, and counts blocks itself (prefix-cache hits can make a request need fewer blocks than
+the planner priced). An idle stream whose KV was evicted stays blocked until its next
 chunk in both (the simulator models this too). The plug-in preempts by recompute; on a GPU with
 `kv_offload_gib`, vLLM's offloading connector (`engine/kv_offload.py`) may load a victim's KV back instead.
 
@@ -87,7 +89,8 @@ class PolicySchedulerMixin:
             raise ValueError("the stream2llm scheduler orders vLLM's queues itself: keep vLLM's "
                              "scheduling policy 'fcfs' (its 'priority' queue cannot be reordered)")
         self.book = ViewBook(self.stream_policy, self.block_size)
-        self.step_budget = StepBudget(self.max_num_scheduled_tokens, self.block_size)
+        self.step_budget = StepBudget(self.max_num_scheduled_tokens, self.block_size, whole_chunks=True,
+                                      admit_whole_sequence=self.scheduler_config.scheduler_reserve_full_isl)
         self.init_sessions()
         self._debt: dict[str, int] = {}  # tokens computed when last evicted/preempted, not yet back
         self._recomputed: dict[str, int] = {}  # per request: tokens computed again after that

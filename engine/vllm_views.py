@@ -86,6 +86,7 @@ def fill_view(view: RequestView, request, block_size: int) -> None:
         view.num_output_tokens, view.max_output_tokens = request.num_output_tokens, request.max_tokens
         view.blocked = False
     view.running = computed > 0 or request.status == _RUNNING
+    view.awaiting_admission = request.status != _RUNNING
     view.num_kv_blocks = -(-computed // block_size)
     view.num_preemptions = request.num_preemptions
 

@@ -34,8 +34,19 @@ class PlannerError(RuntimeError):
 
 @dataclass(frozen=True)
 class StepBudget:
+    """One step's token budget and the engine's block rules.
+
+    The simulator cuts a prefill to the blocks it can get. vLLM does not: a chunk (cut to the token
+    budget only) gets all its blocks or is not scheduled, and a request not yet in its running list
+    is admitted only when its whole known sequence fits (`scheduler_reserve_full_isl`), the first
+    such request that does not fit ending admission for the step. The plug-in sets both flags, so
+    that what the planner makes room for is what vLLM then schedules.
+    """
+
     max_num_tokens: int
     block_size: int
+    whole_chunks: bool = False
+    admit_whole_sequence: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_tokens <= 0 or self.block_size <= 0:
@@ -66,31 +77,51 @@ def _blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def _blocks_after(view: RequestView, tokens: int, budget: StepBudget) -> int:
+    """Blocks `view` holds once `tokens` more are computed, as the engine allocates them."""
+    if budget.admit_whole_sequence and view.awaiting_admission:
+        needed = max(view.num_known_tokens, view.num_computed_tokens + tokens)
+    else:
+        needed = view.num_computed_tokens + tokens
+    return max(view.num_kv_blocks, _blocks_for(needed, budget.block_size))
+
+
+def _tokens_that_fit(view: RequestView, work: int, token_left: int, block_left: int,
+                     budget: StepBudget) -> int:
+    if not budget.whole_chunks:
+        return min(work, token_left, block_left * budget.block_size - view.num_computed_tokens)
+    tokens = min(work, token_left)
+    return tokens if _blocks_after(view, tokens, budget) <= block_left else 0
+
+
 def choose(ordered: Sequence[RequestView], budget: StepBudget, capacity: int) -> list[tuple]:
     """Phase 1: (rank, view, tokens, blocks held after the step) for every request that keeps memory."""
     chosen = []
-    token_left, block_left, bs = budget.max_num_tokens, capacity, budget.block_size
+    token_left, block_left = budget.max_num_tokens, capacity
+    admitting = True  # vLLM stops admitting at the first waiting request that does not fit
     for rank, view in enumerate(ordered):
         held = view.num_kv_blocks
         # Once the token budget is spent the rest only keep memory: skip pricing their work.
-        if token_left and (work := view.num_tokens_to_compute):
-            computed = view.num_computed_tokens
-            tokens = min(work, token_left, block_left * bs - computed)
+        if token_left and (work := view.num_tokens_to_compute) and (admitting or not view.awaiting_admission):
+            tokens = _tokens_that_fit(view, work, token_left, block_left, budget)
             if tokens > 0:
-                after = max(held, _blocks_for(computed + tokens, bs))
+                after = _blocks_after(view, tokens, budget)
                 chosen.append((rank, view, tokens, after))
                 token_left -= tokens
                 block_left -= after
                 continue
+            if budget.admit_whole_sequence and view.awaiting_admission:
+                admitting = False
         if held and held <= block_left:
             chosen.append((rank, view, 0, held))
             block_left -= held
     return chosen
 
 
-def _first_that_fits_alone(ordered, capacity: int, block_size: int) -> RequestView | None:
+def _first_that_fits_alone(ordered, capacity: int, budget: StepBudget) -> RequestView | None:
     for view in ordered:
-        if view.num_tokens_to_compute and _blocks_for(view.num_computed_tokens + 1, block_size) <= capacity:
+        work = view.num_tokens_to_compute
+        if work and _tokens_that_fit(view, work, budget.max_num_tokens, capacity, budget) > 0:
             return view
     return None
 
@@ -104,7 +135,7 @@ def plan_step(ordered: Sequence[RequestView], blocks: BlockManager, budget: Step
         return _acquire(ordered, chosen, blocks, cost, swap_pool, _any_victim)
     # No progress in policy order (idle holders ahead of all work): put the first request that
     # fits on its own in front, so a step always computes when anything can.
-    first = _first_that_fits_alone(ordered, capacity, budget.block_size)
+    first = _first_that_fits_alone(ordered, capacity, budget)
     if first is None:
         return _acquire(ordered, chosen, blocks, cost, swap_pool, _any_victim)
     reordered = [first, *(v for v in ordered if v is not first)]

@@ -25,6 +25,9 @@ class RequestView:
     num_kv_blocks: int = 0  # device blocks held
     num_swapped_blocks: int = 0  # host blocks held (swap pool)
     running: bool = False  # resident: holds device blocks
+    # vLLM only: in a waiting queue, not in its running list (it may hold KV all the same); the
+    # planner prices its admission by vLLM's rule (`StepBudget.admit_whole_sequence`).
+    awaiting_admission: bool = False
     admitted_seq: int = -1  # order of the latest admission to the running set
     admitted_at: float = -1.0
     num_preemptions: int = 0

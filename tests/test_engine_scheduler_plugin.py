@@ -83,18 +83,36 @@ def test_eviction_takes_idle_memory_for_a_question_and_the_stream_resumes_whole(
 def test_a_new_partial_stream_does_not_evict_resident_streams_under_tailguard():
     s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=11, max_num_seqs=8)  # + null block
     d = Driver(s)
+    d.turn("a", 4 * BS)
+    d.turn("b", 3 * BS)
+    d.run_until(lambda: _idle(d, "a") and _idle(d, "b"))
+    d.turn("q", BS, final(40), resumable=False)  # a decoding request: the step has other work
+    d.step()
+    d.turn("new", 3 * BS)  # non-resident partial stream: band 4, takes free memory only
+    d.step()
+    assert s.requests["a"].num_computed_tokens == 4 * BS and s.requests["b"].num_computed_tokens == 3 * BS
+    # 2 blocks free, 3 wanted: it waits whole (vLLM never runs part of a waiting request's sequence,
+    # and the planner, under vLLM's rules, does not plan part of it either)
+    assert s.requests["new"].num_computed_tokens == 0 and s.requests["q"].num_output_tokens == 2
+    d.turn("a", 3 * BS)  # a's next chunk: resident with work (band 2) outranks idle b and evicts it
+    d.step()
+    assert s.requests["b"].num_computed_tokens == 0 and s.requests["a"].num_computed_tokens == 7 * BS
+    assert s.requests["new"].num_computed_tokens == 0
+
+
+def test_when_nothing_else_can_compute_a_new_stream_takes_idle_memory():
+    # the planner's progress rule, as in the simulator (tests/test_scheduler_planner.py): idle
+    # streams hold all memory and the new stream is the only work, so it evicts the tail idle one
+    s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=11, max_num_seqs=8)
+    d = Driver(s)
     d.turn("a", 5 * BS)
     d.turn("b", 4 * BS)
     d.run_until(lambda: _idle(d, "a") and _idle(d, "b"))
-    d.turn("new", 3 * BS)  # non-resident partial stream: band 4, takes free memory only
-    d.step()
-    assert s.requests["a"].num_computed_tokens == 5 * BS and s.requests["b"].num_computed_tokens == 4 * BS
-    # it waits for free memory (vLLM admits a waiting request only when blocks for all of its
-    # budgeted tokens fit: it does not chunk a prefill to fit memory as the planner would)
-    assert s.requests["new"].num_computed_tokens == 0
-    d.turn("a", 3 * BS)  # a's next chunk: resident with work (band 2) outranks idle b and evicts it
-    d.step()
-    assert s.requests["b"].num_computed_tokens == 0 and s.requests["a"].num_computed_tokens == 8 * BS
+    d.turn("new", 3 * BS)
+    d.run_until(lambda: _idle(d, "new"))
+    assert s.requests["new"].num_computed_tokens == 3 * BS
+    evicted = [rid for rid in ("a", "b") if s.requests[rid].num_computed_tokens == 0]
+    assert len(evicted) == 1
 
 
 def test_async_scheduler_variant_runs_the_same_plan():

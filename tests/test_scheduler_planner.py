@@ -202,3 +202,39 @@ def test_evicted_idle_stream_is_blocked_until_its_next_chunk():
     assert stream.blocked
     stream.unblock(degrade_evicted=False)
     assert plan_step([stream], blocks, StepBudget(512, BS)).scheduled == [("r0", 3 * BS)]
+
+
+VLLM_RULES = dict(whole_chunks=True, admit_whole_sequence=True)
+
+
+def test_vllm_rules_never_plan_a_prefill_cut_to_free_memory():
+    # 3 free blocks, a 6-block question: cut to memory it would run 3 blocks "without eviction",
+    # which vLLM never schedules (it allocates the whole sequence of a waiting request or nothing)
+    blocks = CountingBlockManager(8)
+    idle = resident(blocks, 0, computed=5 * BS, first=0.0, gaps=[1.0])
+    question = waiting(1, prompt=6 * BS, first=1.0)
+    question.awaiting_admission = True
+    order = make_policy("tailguard").order([idle, question])
+    simulated = plan_step(order, CountingBlockManager(3), StepBudget(2 * BS, BS))
+    assert simulated.scheduled == [("r1", 2 * BS)] and simulated.preempted == []
+    decision = plan_step(order, blocks, StepBudget(2 * BS, BS, **VLLM_RULES))
+    assert decision.scheduled == [("r1", 2 * BS)]  # the token budget still chunks it
+    assert [p.request_id for p in decision.preempted] == ["r0"]  # room for all 6 blocks
+    assert blocks.num_free() == 8 - 6
+
+
+def test_vllm_rules_stop_admission_at_the_first_waiting_request_that_does_not_fit():
+    def plan(small_is_running: bool):
+        blocks = CountingBlockManager(6)
+        decoding = resident(blocks, 0, computed=4 * BS, prompt=4 * BS, complete=True)
+        decoding.num_output_tokens = 1  # its decode takes a 5th block: 1 left
+        big = waiting(1, prompt=5 * BS, first=1.0)  # only the decoding request could make room
+        small = waiting(2, prompt=BS, first=2.0)  # fits in the block left
+        big.awaiting_admission, small.awaiting_admission = True, not small_is_running
+        order = make_policy("fcfs").order([decoding, big, small])
+        return plan_step(order, blocks, StepBudget(512, BS, **VLLM_RULES))
+
+    # vLLM's waiting loop stops at `big`: `small` waits although it fits
+    assert plan(small_is_running=False).scheduled == [("r0", 1)]
+    # a request already in the running list is scheduled before any waiting one
+    assert plan(small_is_running=True).scheduled == [("r0", 1), ("r2", BS)]
