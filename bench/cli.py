@@ -24,6 +24,7 @@ from bench.http_replay import CPU_SHAPES, MODES, POLL_INTERVAL_S, SYNTHETIC, Ben
 from bench.plots import plot_all
 from bench.results_meta import engine_dtype, start_run, with_meta
 from bench.serving_metrics import add_slo_arguments, slos_from_args
+from engine.config import DEFAULT_MODEL
 
 CSV_DROP = ("answer", "sent_at", "token_times_s")  # long or process-local; kept in the JSON
 
@@ -36,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="comma list of stream, oneshot")
     parser.add_argument("--multiplier", type=float, default=1.0, help="retrieval delay multiplier")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default="smollm2", help="smollm2 | tiny | a model folder")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="smollm2 | tiny | a model folder")
     parser.add_argument("--max-tokens", type=int, default=16, help="answer tokens per request")
     parser.add_argument("--replicas", type=int, default=1, help="engine replicas (autoscaling minimum)")
     parser.add_argument("--max-replicas", type=int, help="autoscaling maximum (default: --replicas)")

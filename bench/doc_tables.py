@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 
 from bench.results_meta import META_KEY, missing_metadata
+from stream2llm.data.traces import PromptMode
 
 MISSING = "n/a"
 
@@ -75,7 +76,7 @@ def provenance(name: str, data: dict) -> str:
 
 def engine_ttft(data: dict) -> str:
     rows = [[mode, seconds(data[mode]["ttft_p50_s"]), seconds(data[mode]["ttft_p95_s"])]
-            for mode in ("stream", "nonstream", "floor")]
+            for mode in (PromptMode.STREAM, PromptMode.ONESHOT, "floor")]
     cfg = data.get("config", {})
     return (table(["", "TTFT p50", "TTFT p95"], rows) + "\n\n"
             f"{cfg.get('sessions', MISSING)} sessions x {cfg.get('chunks', MISSING)} chunks of ~{cfg.get('chunk_tokens', MISSING)} "
@@ -125,7 +126,7 @@ def central(data: dict) -> str:
 
 
 def pipeline(data: dict) -> str:
-    s, o = data["stream"], data["nonstream"]
+    s, o = data[PromptMode.STREAM], data[PromptMode.ONESHOT]
     keys = [("TTFT p50", "ttft_p50_s"), ("TTFT p95", "ttft_p95_s"), ("TTFT p99", "ttft_p99_s"),
             ("end-to-end p50", "e2e_p50_s"), ("end-to-end p99", "e2e_p99_s"),
             ("answered sessions per second", "sessions_per_s"), ("makespan", "makespan_s"),
@@ -221,12 +222,13 @@ def policies(data: dict) -> str:
     rows = []
     for name, w in data["workloads"].items():
         sim = w["sim"]
-        p99 = [num(sim["streaming"][p]["ttft_p99_s"]) for p in POLICY_ORDER if p in sim["streaming"]]
-        base = sim["non_streaming"]
+        streamed = sim[PromptMode.STREAM]
+        p99 = [num(streamed[p]["ttft_p99_s"]) for p in POLICY_ORDER if p in streamed]
+        base = sim[PromptMode.ONESHOT]
         rows.append([f"{name}: {w['num_requests']:,} requests, {num(w['delay'])}x delay, QPS {num(w['qps'])}",
                      *p99, num(next(iter(base.values()))["ttft_p99_s"] if "ttft_p99_s" not in base
                                else base["ttft_p99_s"])])
-    return table(["scenario (P99 TTFT, s)", *POLICY_ORDER, "non-streaming"], rows)
+    return table(["scenario (P99 TTFT, s)", *POLICY_ORDER, "one-shot"], rows)
 
 
 def scheduler_overhead(data: dict) -> str:
@@ -262,9 +264,9 @@ def retrievers(data: dict) -> str:
 
 def _policy_cells(results: dict) -> list[list[str]]:
     rows = []
-    for mode in ("non_streaming", "streaming"):
+    for mode in (PromptMode.ONESHOT, PromptMode.STREAM):
         for policy, r in results.get(mode, {}).items():
-            label = "non-streaming" if mode == "non_streaming" else policy
+            label = "one-shot" if mode == PromptMode.ONESHOT else policy
             rows.append([label, f"{num(r['ttft_p50_s'])} / {num(r['ttft_p95_s'])} / {num(r['ttft_p99_s'])}",
                          r["preemptions"], num(r["makespan_s"])])
     return rows
@@ -299,18 +301,19 @@ def cost_model(data: dict) -> str:
 
 def readme_figures(engine: dict, gap2: dict, pipe: dict, qa_data: dict, rel: dict) -> str:
     """The README's headline figures, each from its results file."""
-    rows = [[f"8 x 800 tokens, {engine['config']['gap']} s gaps", seconds(engine["stream"]["ttft_p50_s"]),
-             seconds(engine["nonstream"]["ttft_p50_s"]), seconds(engine["floor"]["ttft_p50_s"]),
+    rows = [[f"8 x 800 tokens, {engine['config']['gap']} s gaps", seconds(engine[PromptMode.STREAM]["ttft_p50_s"]),
+             seconds(engine[PromptMode.ONESHOT]["ttft_p50_s"]), seconds(engine["floor"]["ttft_p50_s"]),
              num(engine["speedup_p50"]), num(engine["floor_ratio_p50"])],
-            [f"same, {gap2['config']['gap']} s gaps", seconds(gap2["stream"]["ttft_p50_s"]),
-             seconds(gap2["nonstream"]["ttft_p50_s"]), seconds(gap2["floor"]["ttft_p50_s"]),
+            [f"same, {gap2['config']['gap']} s gaps", seconds(gap2[PromptMode.STREAM]["ttft_p50_s"]),
+             seconds(gap2[PromptMode.ONESHOT]["ttft_p50_s"]), seconds(gap2["floor"]["ttft_p50_s"]),
              num(gap2["speedup_p50"]), num(gap2["floor_ratio_p50"])]]
     vector = qa_data["sources"]["vector"]
     c = rel["counts"]
     return (table(["engine workload", "TTFT stream p50", "one-shot p50", "floor p50", "speedup", "stream / floor"],
                   rows) + "\n\n"
-            f"- `bench.pipeline` ({pipe.get('load', 'open loop')}): TTFT p50 {seconds(pipe['stream']['ttft_p50_s'])} "
-            f"streamed vs {seconds(pipe['nonstream']['ttft_p50_s'])} one-shot; throughput ratio "
+            f"- `bench.pipeline` ({pipe.get('load', 'open loop')}): "
+            f"TTFT p50 {seconds(pipe[PromptMode.STREAM]['ttft_p50_s'])} "
+            f"streamed vs {seconds(pipe[PromptMode.ONESHOT]['ttft_p50_s'])} one-shot; throughput ratio "
             f"{num(pipe.get('throughput_ratio'))} (target >= 0.95).\n"
             f"- `bench.qa` (vector source, strict judge): accuracy {_acc(vector['accuracy_stream'])} streamed, "
             f"{vector['identical_answers']}/{vector['questions']} identical answers in the two modes.\n"

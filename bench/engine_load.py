@@ -35,8 +35,8 @@ from bench.engine_replay import replay
 from bench.engine_sizing import kv_bytes
 from bench.results_meta import engine_dtype
 from bench.serving_metrics import RequestRecord, serving_metrics, start_run, write_results
-from engine.config import EngineConfig
-from stream2llm.data.traces import poisson_arrivals
+from engine.config import DEFAULT_MODEL, EngineConfig
+from stream2llm.data.traces import PromptMode, poisson_arrivals
 from scheduler.policies import POLICIES
 
 RESULTS = Path(__file__).parent / "results" / "engine_load.json"
@@ -71,7 +71,7 @@ async def run_policy(args, policy: str, modes: tuple[str, ...]) -> dict:
                 arrivals = poisson_arrivals(len(traces), qps, seed)
                 for mode in modes:
                     # distinct prompts per level: no prefix-cache hits from an earlier level's run
-                    summary = await replay(engine, traces, arrivals, mode == "stream", seed=seed * 100 + level)
+                    summary = await replay(engine, traces, arrivals, mode == PromptMode.STREAM, seed=seed * 100 + level)
                     rows.setdefault(mode, {}).setdefault(str(qps), {})[str(seed)] = run_key(summary)
                     print(f"{policy:13s} {mode:8s} qps {qps:5.2f} seed {seed}: "
                           f"p50 {summary['ttft_p50_s']:.3f} p99 {summary['ttft_p99_s']:.3f} s "
@@ -86,13 +86,13 @@ def _median(runs: dict, qps: str, key: str) -> float:
 
 
 def summarize(results: dict, levels: list[str], seeds: list[str]) -> dict:
-    stream, one = results["tailguard"]["stream"], results[ONE_SHOT_ENGINE]["one_shot"]
+    stream, one = results["tailguard"][PromptMode.STREAM], results[ONE_SHOT_ENGINE][PromptMode.ONESHOT]
     ratios = {f"{q}/p{p}": _median(stream, q, f"ttft_p{p}_s") / _median(one, q, f"ttft_p{p}_s")
               for q in levels for p in (50, 95, 99)}
     lowest = {}
     for q in levels[-2:]:
-        wins = sum(stream[q][s]["ttft_p99_s"] <= min(results[p]["stream"][q][s]["ttft_p99_s"] for p in POLICIES)
-                   for s in seeds)
+        wins = sum(stream[q][s]["ttft_p99_s"]
+                   <= min(results[p][PromptMode.STREAM][q][s]["ttft_p99_s"] for p in POLICIES) for s in seeds)
         lowest[q] = wins
     need = min(2, len(seeds))
     return {"stream_vs_oneshot_ratios": ratios, "stream_vs_oneshot_worst_ratio": max(ratios.values()),
@@ -105,7 +105,7 @@ def summarize(results: dict, levels: list[str], seeds: list[str]) -> dict:
 async def main_async(args) -> dict:
     results = {}
     for policy in POLICIES:
-        modes = ("stream", "one_shot") if policy == ONE_SHOT_ENGINE else ("stream",)
+        modes = tuple(PromptMode) if policy == ONE_SHOT_ENGINE else (PromptMode.STREAM,)
         results[policy] = await run_policy(args, policy, modes)
     return results
 
@@ -113,7 +113,7 @@ async def main_async(args) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4 sessions per run, shorter gaps")
-    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="default: the engine's for this machine")
     parser.add_argument("--kv-bytes", type=int, help="KV cache per engine (default: 40 MiB in bfloat16, "
                         "~1,800 SmolLM2 tokens, scaled to the dtype)")

@@ -27,19 +27,17 @@ from bench.engine_replay import replay
 from bench.engine_sizing import kv_bytes
 from bench.results_meta import engine_dtype
 from engine.calibration import measure_cost_model
-from engine.config import EngineConfig
-from stream2llm.data.traces import poisson_arrivals, synthetic_crawler_traces
+from engine.config import DEFAULT_MODEL, EngineConfig
+from stream2llm.data.traces import PromptMode, poisson_arrivals, synthetic_crawler_traces
 from scheduler.cost_model import MeasuredCostModel
 from scheduler.policies import POLICIES
-from scheduler.simulator import EngineConfig as SimEngineConfig
-from scheduler.simulator import SimConfig, simulate
-from scheduler.simulator.replay import NON_STREAMING, STREAMING
+from scheduler.simulator import SimConfig, SimEngineConfig, simulate
 
 RESULTS = Path(__file__).parent / "results" / "policies.json"
 SHAPE = dict(mean_scrapes=3.0, search_tokens=600, page_tokens=1200, tokens_scale=0.12,
              question_tokens=16, output_tokens=8)
 CALIBRATION_SIZES = (32, 128, 256, 512, 1024)
-NON_STREAMING_POLICY = "default_vllm"  # complete requests only: the order barely matters
+ONESHOT_POLICY = "default_vllm"  # complete requests only: the order barely matters
 
 
 def make_traces(n: int, seed: int, delay: float) -> list:
@@ -73,7 +71,7 @@ async def run_engine(args, policy: str, streaming: bool, traces, arrivals, calib
 def simulate_grid(traces, args, cost: MeasuredCostModel, kv_blocks: int, block_size: int) -> dict:
     config = SimEngineConfig(kv_blocks, block_size, args.max_num_batched_tokens, 0)
     results: dict = {}
-    for mode, policies in ((STREAMING, list(POLICIES)), (NON_STREAMING, [NON_STREAMING_POLICY])):
+    for mode, policies in ((PromptMode.STREAM, list(POLICIES)), (PromptMode.ONESHOT, [ONESHOT_POLICY])):
         for policy in policies:
             sim = simulate(traces, SimConfig(policy, mode, config, 1, args.qps, args.seed), cost)
             results.setdefault(mode, {})[policy] = sim.summary()
@@ -107,12 +105,12 @@ async def run_all(args) -> dict:
     arrivals = poisson_arrivals(len(traces), args.qps, args.seed)
     policies = args.policies.split(",")
     print(f"{'mode':14s} {'policy':13s} {'p50_s':>8s} {'p95_s':>8s} {'p99_s':>8s} {'makespan':>9s} {'preempt':>7s}")
-    measured = await run_engine(args, NON_STREAMING_POLICY, False, traces, arrivals, calibrate=True)
-    results = {NON_STREAMING: {NON_STREAMING_POLICY: measured["summary"]}}
-    print(_row(NON_STREAMING, NON_STREAMING_POLICY, measured["summary"]))
+    measured = await run_engine(args, ONESHOT_POLICY, False, traces, arrivals, calibrate=True)
+    results = {PromptMode.ONESHOT: {ONESHOT_POLICY: measured["summary"]}}
+    print(_row(PromptMode.ONESHOT, ONESHOT_POLICY, measured["summary"]))
     for policy in policies:
         run = await run_engine(args, policy, True, traces, arrivals, calibrate=False)
-        results.setdefault(STREAMING, {})[policy] = run["summary"]
+        results.setdefault(PromptMode.STREAM, {})[policy] = run["summary"]
         print(_row(STREAMING, policy, run["summary"]))
     cost = MeasuredCostModel.from_json(measured["cost_model"])
     kv_blocks, block_size = measured["summary"]["kv_blocks"], measured["summary"]["block_size"]
@@ -153,7 +151,7 @@ def write(entry: dict, output: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--qps", type=float, default=1.0)
     parser.add_argument("--delay", type=float, default=1.0, help="delay multiplier of the trace")

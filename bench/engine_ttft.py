@@ -3,7 +3,7 @@
 Sessions are shaped like the crawler workload scaled to SmolLM2's context: ~8 chunks of ~800
 tokens, ~0.7 s apart; the question comes with the last chunk. For each session we measure
 - stream: chunks 1..n-1 handed over as they arrive; TTFT from handing over chunk n + question,
-- nonstream: the whole prompt at once (fresh cache salt: no reuse of the streamed KV),
+- oneshot: the whole prompt at once (fresh cache salt: no reuse of the streamed KV),
 - floor: chunks 1..n-1 already cached, only chunk n + question prefilled, plus one decode step.
 Writes bench/results/engine_ttft.json.
 """
@@ -60,16 +60,16 @@ async def bench(args) -> dict:
             final = chunks[-1] + prompt.footer_ids("Which of these topics is described first?")
             prefix = sum(chunks[:-1], [])
             stream = await run_streamed(engine, chunks[:-1], final, args.gap, sampling)
-            nonstream = await run_one_shot(engine, prefix + final, sampling)
+            oneshot = await run_one_shot(engine, prefix + final, sampling)
             floor = await run_floor(engine, prefix, final, sampling)
             rows.append({"session": session, "prompt_tokens": len(prefix) + len(final),
-                         "stream_ttft_s": stream.stats.ttft_s, "nonstream_ttft_s": nonstream.stats.ttft_s,
+                         "stream_ttft_s": stream.stats.ttft_s, "oneshot_ttft_s": oneshot.stats.ttft_s,
                          "floor_ttft_s": floor.stats.ttft_s,
-                         "identical": stream.answer_ids == nonstream.answer_ids,
-                         "floor_identical": floor.answer_ids == nonstream.answer_ids,
-                         "stream_answer": stream.answer, "nonstream_answer": nonstream.answer})
+                         "identical": stream.answer_ids == oneshot.answer_ids,
+                         "floor_identical": floor.answer_ids == oneshot.answer_ids,
+                         "stream_answer": stream.answer, "oneshot_answer": oneshot.answer})
             print(f"session {session}: {rows[-1]['prompt_tokens']} tokens  stream {stream.stats.ttft_s:.3f}s  "
-                  f"nonstream {nonstream.stats.ttft_s:.3f}s  floor {floor.stats.ttft_s:.3f}s", flush=True)
+                  f"oneshot {oneshot.stats.ttft_s:.3f}s  floor {floor.stats.ttft_s:.3f}s", flush=True)
     finally:
         await engine.shutdown()
     return summarize(rows, args)
@@ -80,14 +80,14 @@ def summarize(rows, args) -> dict:
         values = [r[key] for r in rows]
         return {"ttft_p50_s": statistics.median(values), "ttft_p95_s": percentile(values, 0.95)}
 
-    result = {"stream": block("stream_ttft_s"), "nonstream": block("nonstream_ttft_s"),
+    result = {PromptMode.STREAM: block("stream_ttft_s"), PromptMode.ONESHOT: block("oneshot_ttft_s"),
               "floor": block("floor_ttft_s"), "outputs_identical": all(r["identical"] for r in rows),
               "identical_fraction": sum(r["identical"] for r in rows) / len(rows),
               "config": {k: getattr(args, k) for k in ("model", "dtype", "platform", "sessions", "chunks",
                                                         "chunk_tokens", "gap", "max_tokens")},
               "sessions": rows, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    result["speedup_p50"] = result["nonstream"]["ttft_p50_s"] / result["stream"]["ttft_p50_s"]
-    result["floor_ratio_p50"] = result["stream"]["ttft_p50_s"] / result["floor"]["ttft_p50_s"]
+    result["speedup_p50"] = result[PromptMode.ONESHOT]["ttft_p50_s"] / result[PromptMode.STREAM]["ttft_p50_s"]
+    result["floor_ratio_p50"] = result[PromptMode.STREAM]["ttft_p50_s"] / result["floor"]["ttft_p50_s"]
     return result
 
 
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     meta = start_run(args.model, engine_dtype(args.dtype), seeds=[0])
     result = asyncio.run(bench(args))
     write_results(args.out, result, meta)
-    print(json.dumps({k: result[k] for k in ("stream", "nonstream", "floor", "speedup_p50",
+    print(json.dumps({k: result[k] for k in (*PromptMode, "floor", "speedup_p50",
                                               "floor_ratio_p50", "outputs_identical", "identical_fraction")}, indent=2))
     return 0
 

@@ -28,11 +28,11 @@ import numpy as np
 
 from bench.serving_metrics import MetricsError, record_from_summary, serving_metrics
 
-from stream2llm.data.traces import (QueryTrace, poisson_arrivals, read_crawler_csv, read_vector_csv,
+from stream2llm.data.traces import (PromptMode, QueryTrace, poisson_arrivals, read_crawler_csv, read_vector_csv,
                                synthetic_crawler_traces, synthetic_vector_traces, write_crawler_csv,
                                write_vector_csv)
 
-MODES = ("stream", "oneshot")
+MODES = tuple(PromptMode)
 SYNTHETIC = {"crawler": synthetic_crawler_traces, "vector": synthetic_vector_traces}
 POLL_INTERVAL_S = 0.5
 # A short crawler-shaped request sent before the cells: the replica's first prefill is not timed.

@@ -26,6 +26,7 @@ from bench.cli import add_arguments, print_cells, run_with_traces, spec_from_arg
 from bench.http_replay import BenchError, aggregate
 from bench.plots import plot_all
 from bench.results_meta import write_results
+from stream2llm.data.traces import PromptMode
 
 RESULTS = Path(__file__).parent / "results"
 # 512-token engine steps: a finished session's question and decode wait behind one short step of
@@ -50,19 +51,19 @@ def _cell_view(cell: dict) -> dict:
 def summarize(result: dict) -> dict:
     """The headline figures of a stream-vs-oneshot result at one QPS and policy."""
     cells = {c["mode"]: c for c in result["cells"]}
-    if set(cells) != {"stream", "oneshot"} or len(result["cells"]) != 2:
+    if set(cells) != set(PromptMode) or len(result["cells"]) != 2:
         raise BenchError("the pipeline comparison needs exactly one stream and one oneshot cell")
-    stream, oneshot = cells["stream"], cells["oneshot"]
+    stream, oneshot = cells[PromptMode.STREAM], cells[PromptMode.ONESHOT]
     ratio = _ratio(stream["sessions_per_s"], oneshot["sessions_per_s"])
     return {
         "load": f"closed loop, {stream['clients']} clients" if stream["clients"] else "open loop (Poisson)",
-        "stream": _cell_view(stream), "nonstream": _cell_view(oneshot),
+        PromptMode.STREAM: _cell_view(stream), PromptMode.ONESHOT: _cell_view(oneshot),
         "speedup_p50": _ratio(oneshot["ttft_p50_s"], stream["ttft_p50_s"]),
         "speedup_p95": _ratio(oneshot["ttft_p95_s"], stream["ttft_p95_s"]),
         "throughput_ratio": ratio, "throughput_target": PARITY_TARGET,
         "throughput_parity_met": ratio is not None and ratio >= PARITY_TARGET,
-        "e2e_s": {m: {"p50": c["e2e_p50_s"], "p99": c["e2e_p99_s"]} for m, c in (("stream", stream),
-                                                                                  ("nonstream", oneshot))},
+        "e2e_s": {m: {"p50": c["e2e_p50_s"], "p99": c["e2e_p99_s"]} for m, c in ((PromptMode.STREAM, stream),
+                                                                                  (PromptMode.ONESHOT, oneshot))},
         "makespan_ratio": _ratio(stream["makespan_s"], oneshot["makespan_s"]),
         "sessions": stream["sessions"],  # per mode
         "failed": stream["failed"] + oneshot["failed"],

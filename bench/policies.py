@@ -12,8 +12,8 @@ bigger model or other tenants), about half of what the streams would hold. Host 
 Shapes nobody tuned on: `crawler_heavy_tail` (chunk gaps with the same median but three times
 the mean: a heavier tail) and `crawler_many_small` (twice the chunks, each half the size).
 Every scenario runs with trace/arrival seeds 0-2 (`--seeds`); each seed's grid is kept in the JSON
-(`seeds`), and `sim` holds seed 0's grid as before. `tailguard_vs_non_streaming` says, per seed,
-whether TailGuard's streaming P99 TTFT is at most the non-streaming one, and its P50 speed-up.
+(`seeds`), and `sim` holds seed 0's grid as before. `tailguard_vs_oneshot` says, per seed,
+whether TailGuard's streaming P99 TTFT is at most the one-shot one, and its P50 speed-up.
 Each JSON entry leaves room for an `engine` key (the same comparison on the real CPU engine).
 """
 
@@ -28,8 +28,8 @@ from bench.results_meta import start_run, write_results
 from scheduler.simulator.grid import GENERATORS, HEADER, run_grid
 from scheduler.gpu_model import ParametricCostModel
 from scheduler.policies import POLICIES
-from scheduler.simulator import EngineConfig
-from scheduler.simulator.replay import MODES
+from scheduler.simulator import SimEngineConfig
+from stream2llm.data.traces import PromptMode
 
 RESULTS = Path(__file__).parent / "results" / "policies.json"
 KV_BYTES_PER_BLOCK = 16 * 131072
@@ -57,19 +57,19 @@ def run_scenario(name: str, spec: dict, quick: bool, cost: ParametricCostModel, 
         traces = GENERATORS[workload](n, seed=seed, **spec.get("shape", {}))
         print(f"\n{name} seed {seed}: {n} requests, qps {spec['qps']}, delay x{spec['delay']}, {blocks} KV blocks")
         print(HEADER)
-        grids[str(seed)] = run_grid(traces, cost, policies=list(POLICIES), modes=list(MODES), qps=spec["qps"],
+        grids[str(seed)] = run_grid(traces, cost, policies=list(POLICIES), modes=list(PromptMode), qps=spec["qps"],
                                     seed=seed, delay=spec["delay"],
-                                    engine=EngineConfig(blocks, 16, 8192, SWAP_POOL_BLOCKS))
+                                    engine=SimEngineConfig(blocks, 16, 8192, SWAP_POOL_BLOCKS))
     return {"num_requests": n, "qps": spec["qps"], "delay": spec["delay"], "shape": spec.get("shape", {}),
             "kv_blocks": blocks, "kv_tokens": blocks * 16, "swap_pool_blocks": SWAP_POOL_BLOCKS,
             "sim_wall_s": time.perf_counter() - started, "sim": grids[str(seeds[0])], "seeds": grids,
-            "tailguard_vs_non_streaming": {seed: _versus(grid) for seed, grid in grids.items()}}
+            "tailguard_vs_oneshot": {seed: _versus(grid) for seed, grid in grids.items()}}
 
 
 def _versus(grid: dict) -> dict:
-    tail, base = grid["streaming"]["tailguard"], grid["non_streaming"]["default_vllm"]
+    tail, base = grid[PromptMode.STREAM]["tailguard"], grid[PromptMode.ONESHOT]["default_vllm"]
     return {"p99_ratio": tail["ttft_p99_s"] / base["ttft_p99_s"],
-            "p99_at_most_non_streaming": tail["ttft_p99_s"] <= base["ttft_p99_s"],
+            "p99_at_most_oneshot": tail["ttft_p99_s"] <= base["ttft_p99_s"],
             "p50_speedup": base["ttft_p50_s"] / tail["ttft_p50_s"]}
 
 

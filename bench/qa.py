@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from bench.qa_report import MODES, make_row, rejudge_legacy, summarize
 from bench.results_meta import engine_dtype, legacy_meta, start_run, write_results
+from engine.config import DEFAULT_MODEL
 from pipeline.config import AppConfig
 from pipeline.local import local_app
 from pipeline.rag_client import RagResult, ask
@@ -129,7 +130,7 @@ def parse_args(argv=None):
     p.add_argument("--sources", type=lambda s: tuple(s.split(",")), default=tuple(SOURCES))
     p.add_argument("--per-kind", type=int, default=None, help="first N questions of each kind (default all)")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_PER_KIND} questions per kind, 4 pages per crawl")
-    p.add_argument("--model", default="smollm2")
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dtype", choices=("bfloat16", "float32"), help="default: the engine's for this machine")
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--top-k", type=int, default=4)

@@ -13,8 +13,9 @@ import statistics
 
 from stream2llm.data.answer_judge import wilson_interval
 from stream2llm.data.corpus import GroundedQuestion
+from stream2llm.data.traces import PromptMode
 
-MODES = ("stream", "oneshot")
+MODES = tuple(PromptMode)
 
 
 def accuracy(flags: list[bool]) -> dict:
@@ -32,7 +33,7 @@ def p50(values) -> float | None:
 
 def make_row(q: GroundedQuestion, source: str, results: dict) -> dict:
     """One row from the two modes' `RagResult`s (`results[mode]`)."""
-    s, o = results["stream"], results["oneshot"]
+    s, o = results[PromptMode.STREAM], results[PromptMode.ONESHOT]
     verdicts = {m: q.verdict(results[m].answer) for m in MODES}
     return {"kind": q.kind, "country": q.country, "expected": q.answer, "question": q.question, "source": source,
             "stream": s.answer, "oneshot": o.answer,

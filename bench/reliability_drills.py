@@ -18,6 +18,7 @@ import httpx
 from bench.http_replay import percentile, relative_timings
 from bench.serving_metrics import record_from_summary, serving_metrics
 from pipeline.rag_client import RagResult, apply_event, ask, error_reason, sse_events
+from stream2llm.data.traces import PromptMode
 
 MEMORY_INTERVAL_S = 1.0
 APP, DEPLOYMENT = "stream2llm", "EngineReplica"
@@ -29,7 +30,7 @@ async def ask_and_leave(http: httpx.AsyncClient, base: str, question: str, sourc
     """Like `ask`, but the client closes the connection at the first `leave_on` event.
     Returns the result and whether it left (False: the answer or an error came first)."""
     body = {"question": question, "source": source, "sampling": {"max_tokens": max_tokens, "temperature": 0.0}}
-    result = RagResult(question, "stream", sent_at=time.monotonic())
+    result = RagResult(question, PromptMode.STREAM, sent_at=time.monotonic())
     try:
         async with http.stream("POST", f"{base}/v1/rag", json=body) as response:
             result.status = response.status_code
@@ -85,7 +86,8 @@ async def send_session(http: httpx.AsyncClient, base: str, plan, t0: float, time
         result, left = await asyncio.wait_for(_one(http, base, plan), timeout_s)
         timed_out = False
     except asyncio.TimeoutError:
-        result, left, timed_out = RagResult(plan.question, "stream", sent_at=sent, done_at=time.monotonic()), False, True
+        result = RagResult(plan.question, PromptMode.STREAM, sent_at=sent, done_at=time.monotonic())
+        left, timed_out = False, True
         result.error = f"no final event within {timeout_s:.0f} s"
     return {"index": plan.index, "kind": plan.kind, "leave_on": plan.leave_on, "at_s": round(plan.at_s, 3),
             "sent_s": round(result.sent_at - t0, 3), "latency_s": result.latency_s, "ttft_s": result.ttft_s,

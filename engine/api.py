@@ -2,7 +2,7 @@
 
 Everything above `engine/` (pipeline, benchmarks, demo) talks to a `StreamingEngine`; only
 `engine/vllm_engine.py` knows vLLM. A session is a prompt that grows (append) or is replaced
-(update) while retrieval runs, then is finished with the question and decoded.
+(replace) while retrieval runs, then is finished with the question and decoded.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+
+from stream2llm.data.traces import ContextOp
 
 
 class EngineError(Exception):
@@ -76,7 +78,7 @@ class SessionStats:
     first_token_at: float | None = None
     done_at: float | None = None
     chunks: int = 0
-    updates: int = 0
+    replaces: int = 0
     context_tokens: int = 0
     tokens_prefilled_before_finish: int = 0
     tokens_invalidated: int = 0
@@ -110,9 +112,9 @@ class EngineStats:
 class StreamingEngine(ABC):
     """A model replica that accepts prompts arriving in pieces.
 
-    Lifecycle of a session: `open_session` -> any number of `append` / `update` ->
+    Lifecycle of a session: `open_session` -> any number of `append` / `replace` ->
     `finish(question)` (an async iterator of answer deltas) -> closed. `abort` closes at any point
-    and frees its KV. `append` and `update` never suspend, so calls on one session apply in call order.
+    and frees its KV. `append` and `replace` never suspend, so calls on one session apply in call order.
     """
 
     @abstractmethod
@@ -125,9 +127,15 @@ class StreamingEngine(ABC):
         """Append a piece of context and start prefilling it at once. Returns context length."""
 
     @abstractmethod
-    async def update(self, session_id: str, text: str | None = None,
+    async def replace(self, session_id: str, text: str | None = None,
                      token_ids: Sequence[int] | None = None) -> int:
         """Replace the whole context, keeping the KV of the longest common prefix."""
+
+    async def change_context(self, session_id: str, op: ContextOp, text: str | None = None,
+                             token_ids: Sequence[int] | None = None) -> int:
+        """`append` or `replace`, as `op` says. Returns context length."""
+        apply = self.append if op == ContextOp.APPEND else self.replace
+        return await apply(session_id, text=text, token_ids=token_ids)
 
     @abstractmethod
     def finish(self, session_id: str, question: str | None = None,

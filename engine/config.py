@@ -40,7 +40,7 @@ class EngineConfig:
     max_model_len: int = _doc(8192, "Context length of the model (tokens).")
     max_num_seqs: int = _doc(64, "Sequences one replica runs at once.")
     max_num_batched_tokens: int = _doc(2048, "Token budget of one engine step.")
-    enable_prefix_caching: bool = _doc(True, "Reuse the KV of shared prefixes (update mode relies on it).")
+    enable_prefix_caching: bool = _doc(True, "Reuse the KV of shared prefixes (replace relies on it).")
     policy: str = _doc("default_vllm", "Scheduling policy: default_vllm, fcfs, lcas, mcps or tailguard.")
     seed: int = _doc(0, "Engine seed.")
     dtype: str | None = _doc(None, "Model dtype (bfloat16, float16, float32, auto). Default: on CPU "

@@ -54,7 +54,7 @@ class LiveRequest:
         self._prefilled = asyncio.Event()
         self._prefilled.set()
         # Tokens of this request's first input that an earlier request of the session had already
-        # computed (the common prefix of an update): what the prefix cache misses of them is recomputed.
+        # computed (the common prefix of a replace): what the prefix cache misses of them is recomputed.
         self.reusable_tokens = 0
         self.engine_recomputed = 0  # recomputed after evictions/preemptions, reported by the scheduler
         self._task = asyncio.create_task(self._read())

@@ -2,8 +2,11 @@
 
 The prompt is cut into pieces that are tokenized separately and concatenated, so a session's
 token sequence is a stable function of its documents: header, one piece per document (in the
-order given; callers keep that order stable so an update mostly changes the tail), and the
+order given; callers keep that order stable so a replace mostly changes the tail), and the
 question last. Each document is tagged with its source id, which the answer can cite.
+
+The text of a piece (`piece_text`) and of the question (`question_text`) is declared here once:
+the pipeline's ingress builds the same text without a tokenizer, from `RagPrompt.template_parts`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,16 @@ from dataclasses import dataclass
 
 DEFAULT_SYSTEM = "You are a helpful assistant. Answer the question using the documents."
 _PLACEHOLDER = "\x00STREAM2LLM\x00"
+
+
+def piece_text(source_id: str, title: str, text: str) -> str:
+    """One tagged document of the prompt (stable, so a replace keeps the common prefix)."""
+    return f"[{source_id}] {title}\n{text.strip()}\n\n"
+
+
+def question_text(question: str, after_question: str) -> str:
+    """The last piece: the question, then the chat template's text after the user turn."""
+    return f"Question: {question.strip()}{after_question}"
 
 
 @dataclass(frozen=True)
@@ -38,14 +51,14 @@ class RagPrompt:
 
     @staticmethod
     def doc_text(doc: ContextDoc) -> str:
-        return f"[{doc.source_id}] {doc.title}\n{doc.text}\n\n"
+        return piece_text(doc.source_id, doc.title, doc.text)
 
     def footer_text(self, question: str) -> str:
-        return f"Question: {question}" + self._after_user
+        return question_text(question, self._after_user)
 
     def template_parts(self) -> dict:
         """What a remote caller needs to assemble the same text: header and the text after the
-        question (footer = "Question: " + question + after_question)."""
+        question (the footer is `question_text(question, after_question)`)."""
         return {"header": self.header_text(), "after_question": self._after_user}
 
     def header_ids(self) -> list[int]:
@@ -60,7 +73,7 @@ class RagPrompt:
         return self._encode(self.footer_text(question))
 
     def context_ids(self, docs: Sequence[ContextDoc]) -> list[int]:
-        """Header plus documents: what an update sends as the whole new context."""
+        """Header plus documents: what a replace sends as the whole new context."""
         ids = self.header_ids()
         for doc in docs:
             ids.extend(self.doc_ids(doc))

@@ -26,7 +26,7 @@ class Session:
     state: SessionState = SessionState.OPEN
     request: Any = None  # the live engine request holding this session's KV, if any
     opened_at: float = field(default_factory=time.time)  # wall clock, as vLLM stamps arrivals
-    # Requests replaced by an update or a seeded question, kept until their replacement has run
+    # Requests superseded by a replace or a seeded question, kept until their replacement has run
     # once so that it shares their prefix blocks instead of recomputing them (then closed).
     retiring: dict = field(default_factory=dict)  # replaced request -> task that closes it
 

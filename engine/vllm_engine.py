@@ -133,12 +133,12 @@ class VLLMStreamingEngine(StreamingEngine):
         self._note_chunk(session)
         return len(session.context)
 
-    async def update(self, session_id: str, text=None, token_ids=None) -> int:
+    async def replace(self, session_id: str, text=None, token_ids=None) -> int:
         session = self._session(session_id)
         ids = self._ids(text, token_ids)
         self._check_fits(session, len(ids))
         keep = longest_common_prefix(session.context, ids)
-        session.stats.updates += 1
+        session.stats.replaces += 1
         if keep == len(session.context):  # a pure extension invalidates nothing
             session.stats.chunks -= 1
             return await self.append(session_id, token_ids=ids[keep:])

@@ -4,8 +4,8 @@ What a view says, read from vLLM 0.32's `Request` (`vllm/v1/request.py`) and its
 session path (`Scheduler._handle_stopped_request`, `_update_request_as_session`):
 
 - `seq` and `first_chunk_arrival` are fixed when vLLM first sees the request (the session's first
-  chunk opens it): a stable order that later chunks never reshuffle. A request that replaces an
-  earlier one of the same session (update mode) carries the session's opening time in
+  chunk opens it): a stable order that later chunks never reshuffle. A request that takes over
+  from an earlier one of the same session (after a `replace`) carries the session's opening time in
   `OPENED_ARG` and keeps that first arrival, so it keeps its place in first-arrival orders; it
   names the request it replaces in `SUPERSEDES_ARG`, which from then on ranks last (it is kept
   only so that its prefix blocks can be shared, and it shares the session's rank: were it not

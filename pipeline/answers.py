@@ -11,13 +11,34 @@ the client gave up), the generation is cancelled and its KV freed. Finished logs
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AnswerPiece:
+    """Answer tokens on their way from the replica to the ingress (coalesced over a few ms)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    tokens: int = 0  # the answer's tokens up to and including this piece: a resume cursor
+
+
+@dataclass(frozen=True)
+class AnswerEnd:
+    """The last item of an answer stream: the request's stats (`engine.api.SessionStats` fields,
+    `ttft_s`, and for one-shot generations `replica_id`)."""
+
+    stats: dict
+    tokens: int = 0
 
 
 class AnswerLog:
-    def __init__(self, producer: AsyncIterator[dict], grace_s: float):
-        self.items: list[dict] = []        # {"text", "token_ids", "finished", "finish_reason"}
+    def __init__(self, producer: AsyncIterator[AnswerPiece | AnswerEnd], grace_s: float):
+        self.items: list[AnswerPiece] = []
         self.stats: dict | None = None
         self.error: BaseException | None = None
         self.done_at: float | None = None
@@ -34,8 +55,8 @@ class AnswerLog:
     async def _run(self, producer) -> None:
         try:
             async for item in producer:
-                if "stats" in item:
-                    self.stats = item["stats"]
+                if isinstance(item, AnswerEnd):
+                    self.stats = item.stats
                 else:
                     self.items.append(item)
                 self._notify()
@@ -51,28 +72,28 @@ class AnswerLog:
         event, self._changed = self._changed, asyncio.Event()
         event.set()
 
-    async def tail(self, after_tokens: int = 0) -> AsyncIterator[dict]:
-        """Items after the first `after_tokens` answer tokens (a straddling item is cut), then
-        {"stats": ...}. Each item carries `tokens`: the answer tokens up to and including it."""
+    async def tail(self, after_tokens: int = 0) -> AsyncIterator[AnswerPiece | AnswerEnd]:
+        """Pieces after the first `after_tokens` answer tokens (a straddling piece is cut), then the
+        `AnswerEnd`. Each item carries `tokens`: the answer tokens up to and including it."""
         self._watchers += 1
         try:
             i, seen = 0, 0
             while True:
                 if i < len(self.items):
                     item, i = self.items[i], i + 1
-                    ids = item["token_ids"]
+                    ids = item.token_ids
                     seen += len(ids)
                     if seen > after_tokens:
                         skip = max(0, len(ids) - (seen - after_tokens))
-                        yield {**item, "token_ids": ids[skip:], "text": item["text"] if skip == 0 else "",
-                               "tokens": seen}
+                        yield dataclasses.replace(item, token_ids=ids[skip:], text=item.text if skip == 0 else "",
+                                                  tokens=seen)
                     continue
                 if self.done:
                     break
                 await self._changed.wait()
             if self.error is not None:
                 raise self.error if isinstance(self.error, Exception) else AnswerCancelled()
-            yield {"stats": self.stats or {}, "tokens": seen}
+            yield AnswerEnd(self.stats or {}, seen)
         finally:
             self._watchers -= 1
             if self._watchers == 0 and not self.done:
@@ -98,7 +119,7 @@ class AnswerLogs:
         self._grace_s, self._keep_s = grace_s, keep_s
         self._logs: dict[str, AnswerLog] = {}
 
-    def start(self, session_id: str, producer: AsyncIterator[dict]) -> AnswerLog:
+    def start(self, session_id: str, producer: AsyncIterator[AnswerPiece | AnswerEnd]) -> AnswerLog:
         log = self._logs[session_id] = AnswerLog(producer, self._grace_s)
         return log
 

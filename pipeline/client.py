@@ -13,6 +13,7 @@ from engine.api import SessionNotFoundError
 from pipeline.central_client import CentralClient
 from pipeline.errors import AdmissionRejected, AnswerNotReproducible, is_replica_gone, unwrap
 from pipeline.sessions import SessionLog, new_session_id
+from stream2llm.data.traces import ContextOp
 
 log = logging.getLogger("stream2llm.client")
 
@@ -20,11 +21,12 @@ MAX_RECOVERIES = 2
 
 
 class EngineClient:
-    def __init__(self, handle, scheduler, limits):
+    def __init__(self, handle, scheduler, admission_timeout_s: float, context_limit: int):
         self._handle = handle
         self._scheduler = scheduler            # the raw handle: replica_died
         self._central = CentralClient(scheduler)  # admissions and releases, batched per process
-        self._limits = limits
+        self._admission_timeout_s = admission_timeout_s
+        self._context_limit = context_limit  # tokens a session may hold (AppConfig.context_limit)
 
     @property
     def central(self) -> CentralClient:
@@ -36,7 +38,7 @@ class EngineClient:
         """Place a session; with `exclude` it is a recovery (served first, never placed back there)."""
         session_id = session_id or new_session_id()
         ask = {"recovery": True} if exclude else {}
-        decision = await self._central.admit(session_id, source_type, self._limits.admission_timeout_s,
+        decision = await self._central.admit(session_id, source_type, self._admission_timeout_s,
                                              exclude or [], **ask)
         if "rejected" in decision:
             raise AdmissionRejected(decision["rejected"], decision["retry_after_s"])
@@ -54,11 +56,10 @@ class EngineClient:
             await self._central.release(session_id)
         return SessionLog(session_id, source_type, info["replica_id"], info["node_id"])
 
-    async def add(self, session: SessionLog, kind: str, text: str) -> int:
+    async def add(self, session: SessionLog, op: ContextOp, text: str) -> int:
         """Append or replace context; the op is logged only once the replica accepted it."""
-        method = "append" if kind == "append" else "update"
-        tokens = await self._call(session, method, text, self._limits.max_context_tokens)
-        session.ops.append((kind, text))
+        tokens = await self._call(session, "change_context", op, text, self._context_limit)
+        session.ops.append((op, text))
         session.context_tokens = tokens
         session.touch()
         return tokens
@@ -69,10 +70,15 @@ class EngineClient:
                 fn = getattr(self._handle, method)
                 return await fn.remote(session.session_id, *args, route_to=session.replica_id)
             except Exception as e:
-                if attempt == MAX_RECOVERIES or not _needs_recovery(e):
-                    raise
-                await self.recover(session, dead=is_replica_gone(e))
+                await self._recover_or_raise(session, e, attempt)
         raise AssertionError("unreachable")
+
+    async def _recover_or_raise(self, session: SessionLog, error: Exception, attempt: int) -> None:
+        """After a failed call: re-raise it unless the session's replica was lost and a recovery
+        is left; else recover the session elsewhere, for the caller to try again."""
+        if not _retryable(error, attempt):
+            raise error
+        await self.recover(session, dead=is_replica_gone(error))
 
     async def recover(self, session: SessionLog, dead: bool) -> None:
         """Re-admit the session elsewhere and rebuild its context there: the client's logged ops,
@@ -90,10 +96,9 @@ class EngineClient:
             async for name, data in self._context_stream(session, session.retrieval):
                 if name == "context":
                     session.context_tokens = data["context_tokens"]
-        for kind, text in session.replay_ops():
-            method = "append" if kind == "append" else "update"
-            fn = getattr(self._handle, method)
-            session.context_tokens = await fn.remote(session.session_id, text, route_to=replica_id)
+        for op, text in session.replay_ops():
+            session.context_tokens = await self._handle.change_context.remote(session.session_id, op, text,
+                                                                              route_to=replica_id)
         session.recovered += 1
 
     def _context_stream(self, session: SessionLog, call):
@@ -116,12 +121,10 @@ class EngineClient:
                 session.retrieval_done = True
                 return
             except Exception as e:
-                if attempt == MAX_RECOVERIES or not _needs_recovery(e):
-                    raise
-                await self.recover(session, dead=is_replica_gone(e))
+                await self._recover_or_raise(session, e, attempt)
 
     async def finish(self, session: SessionLog, question: str, sampling: dict):
-        """Yield answer items then {"stats": ...}. A replica lost mid-answer is recovered and the
+        """Yield `AnswerPiece`s then the `AnswerEnd`. A replica lost mid-answer is recovered and the
         answer resumes after the tokens already sent, when it is reproducible (greedy or seeded)."""
         sent = 0
         for attempt in range(MAX_RECOVERIES + 1):
@@ -129,17 +132,15 @@ class EngineClient:
                 session.session_id, question, sampling, after_tokens=sent, route_to=session.replica_id)
             try:
                 async for item in stream:
-                    sent = item.get("tokens", sent)
+                    sent = item.tokens or sent
                     yield item
                 return
             except Exception as e:
-                if attempt == MAX_RECOVERIES or not _needs_recovery(e):
-                    raise
-                if sent and not reproducible(sampling):
+                if sent and _retryable(e, attempt) and not reproducible(sampling):
                     raise AnswerNotReproducible(
                         f"replica {session.replica_id} was lost after {sent} answer tokens and the sampling "
                         "is neither greedy nor seeded: ask again") from None
-                await self.recover(session, dead=is_replica_gone(e))
+                await self._recover_or_raise(session, e, attempt)
 
     def resume(self, session: SessionLog, after_tokens: int):
         """The rest of an answer held by `session.replica_id` (after a lost connection)."""
@@ -171,6 +172,10 @@ class EngineClient:
 def reproducible(sampling: dict) -> bool:
     """Another replica generates the same answer: greedy decoding, or a fixed seed."""
     return (sampling.get("temperature") or 0.0) == 0.0 or sampling.get("seed") is not None
+
+
+def _retryable(error: BaseException, attempt: int) -> bool:
+    return attempt < MAX_RECOVERIES and _needs_recovery(error)
 
 
 def _needs_recovery(error: BaseException) -> bool:

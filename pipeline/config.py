@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.config import EngineConfig
+from pipeline.errors import LimitExceeded
 from pipeline.placement import ReplicaPlacement, replica_placement
 
 
@@ -81,8 +82,10 @@ class LimitSettings(_Section):
     max_request_bytes: int = Field(1 << 20, gt=0, description="Largest accepted request body.")
     max_chunk_chars: int = Field(200_000, gt=0, description="Largest context chunk.")
     max_chunks_per_session: int = Field(64, gt=0, description="Appends/updates per session.")
-    max_context_tokens: int = Field(7000, gt=0, description="Context tokens per session.")
-    max_answer_tokens: int = Field(512, gt=0, description="Largest max_tokens a client may ask.")
+    max_context_tokens: int | None = Field(None, gt=0, description=(
+        "Context tokens per session, if lower than the engine's own ceiling (model.context_limit: "
+        "max_model_len - answer_budget_tokens), which is the default. A client's max_tokens is bounded "
+        "by model.answer_budget_tokens, checked at the door."))
     session_ttl_s: float = Field(120.0, gt=0, description="Idle session lifetime before abort.")
     max_queue: int = Field(16, ge=0, description="Sessions waiting for admission at most.")
     admission_timeout_s: float = Field(5.0, ge=0, description="Wait in the queue before 429.")
@@ -134,7 +137,24 @@ class AppConfig(_Section):
     @model_validator(mode="after")
     def _placeable(self):
         self.placement()  # contradictions between engine and replica settings fail at load time
+        cap = self.limits.max_context_tokens
+        if cap is not None and cap > self.model.context_limit:
+            raise ValueError(f"limits.max_context_tokens {cap} exceeds what the engine accepts "
+                             f"(model.context_limit {self.model.context_limit})")
         return self
+
+    @property
+    def context_limit(self) -> int:
+        """Context tokens one session may hold: the engine's ceiling or the stricter configured cap."""
+        return self.limits.max_context_tokens or self.model.context_limit
+
+    def check_answer_length(self, max_tokens: int) -> None:
+        """The door's check of a request's max_tokens against the engine's answer budget, so that a
+        too long answer is refused before retrieval rather than at the question."""
+        budget = self.model.answer_budget_tokens
+        if max_tokens > budget:
+            raise LimitExceeded(f"max_tokens {max_tokens} exceeds the answer budget of {budget} tokens "
+                                "(model.answer_budget_tokens)")
 
     def placement(self) -> ReplicaPlacement:
         """Actor options, placement bundles and the engine config of one engine replica."""

@@ -28,9 +28,10 @@ from pipeline.config import AppConfig
 from pipeline.local import free_port, local_app
 from pipeline.rag_client import RagResult, ask
 from stream2llm.data.corpus import WIKI_ATTRIBUTION, GroundedQuestion, load_grounded_questions
+from stream2llm.data.traces import PromptMode
 
 DEFAULT_COUNTRIES = ("France", "Japan", "Kenya", "Peru", "Egypt", "Canada", "Brazil", "India")
-MODES = ("stream", "oneshot")
+MODES = tuple(PromptMode)
 STARTUP_STAGES = ("Ray", "Serve deploy", "replicas ready", "warm-up")
 
 
@@ -178,10 +179,10 @@ def _finish_startup(base: str, bar: tqdm, done: threading.Event, watcher: thread
     bar.close()
 
 
-WARM_UP = (("stream", {"type": "documents", "documents": ["Warm-up."]}),
-           ("oneshot", {"type": "documents", "documents": ["Warm-up."]}),
-           ("stream", {"type": "crawl", "seed_urls": ["/wiki/Earth"]}),  # starts the site and crawler actors
-           ("stream", {"type": "vector", "query": "warm-up"}))             # loads the index and embedder
+WARM_UP = ((PromptMode.STREAM, {"type": "documents", "documents": ["Warm-up."]}),
+           (PromptMode.ONESHOT, {"type": "documents", "documents": ["Warm-up."]}),
+           (PromptMode.STREAM, {"type": "crawl", "seed_urls": ["/wiki/Earth"]}),  # starts the site and crawler actors
+           (PromptMode.STREAM, {"type": "vector", "query": "warm-up"}))             # loads the index and embedder
 
 
 async def warm_up(base: str) -> None:

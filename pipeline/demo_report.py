@@ -8,6 +8,7 @@ import statistics
 
 from pipeline.rag_client import RagResult
 from stream2llm.data.corpus import GroundedQuestion
+from stream2llm.data.traces import PromptMode
 
 ANSWER_CHARS = 160
 CITATIONS_SHOWN = 9
@@ -19,7 +20,7 @@ def cites_country(citations: list[dict], doc_id: str) -> bool:
 
 
 def make_row(question: GroundedQuestion, source_name: str, source: dict, results: dict[str, RagResult]) -> dict:
-    s, o = results["stream"], results["oneshot"]
+    s, o = results[PromptMode.STREAM], results[PromptMode.ONESHOT]
     speedup = o.ttft_s / s.ttft_s if s.ttft_s and o.ttft_s else None
     return {
         "country": question.country, "capital": question.capital, "question": question.question,
@@ -33,9 +34,9 @@ def make_row(question: GroundedQuestion, source_name: str, source: dict, results
         "speedup": speedup, "same_answer": s.ok and o.ok and s.answer == o.answer,
         # the crawler appends pages as they arrive, so the two runs may see them in another order
         "same_sources": [c.get("source_id") for c in s.citations] == [c.get("source_id") for c in o.citations],
-        "source_errors": {"stream": s.source_errors, "oneshot": o.source_errors},  # pages that failed
+        "source_errors": {PromptMode.STREAM: s.source_errors, PromptMode.ONESHOT: o.source_errors},  # pages that failed
         "citations": [{k: c.get(k) for k in ("source_id", "title", "url_or_doc_id")} for c in s.citations],
-        "stream": s.summary(), "oneshot": o.summary(),
+        PromptMode.STREAM: s.summary(), PromptMode.ONESHOT: o.summary(),
     }
 
 
@@ -49,7 +50,7 @@ def _short(text: str, limit: int = ANSWER_CHARS) -> str:
 
 
 def print_answer(number: int, row: dict) -> None:
-    s, o = row["stream"], row["oneshot"]
+    s, o = row[PromptMode.STREAM], row[PromptMode.ONESHOT]
     print(f"\nQ{number} {row['question']}  [{row['source']}: {json.dumps(row['request_source'])}]", flush=True)
     for mode, result in (("stream", s), ("one-shot", o)):
         status = "" if result["ok"] else f"  FAILED ({result['status']}: {result['error']})"
@@ -103,4 +104,4 @@ def _median_line(source: str, rows: list[dict]) -> str:
 
 
 def failed_requests(rows: list[dict]) -> int:
-    return sum(not row[mode]["ok"] for row in rows for mode in ("stream", "oneshot"))
+    return sum(not row[mode]["ok"] for row in rows for mode in PromptMode)

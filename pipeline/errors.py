@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
 from engine.api import (ContextTooLongError, EngineError, InvalidInputError, SessionNotFoundError,
@@ -34,6 +36,15 @@ class LimitExceeded(PipelineError):
 class ContextLimitExceeded(LimitExceeded):
     """Picklable stand-in for the engine's `ContextTooLongError` across Ray (its __init__ takes 3
     arguments, so Ray cannot rebuild it on the caller side)."""
+
+
+@contextlib.contextmanager
+def context_limit_errors():
+    """Inside a replica: the engine's `ContextTooLongError` leaves as `ContextLimitExceeded`."""
+    try:
+        yield
+    except ContextTooLongError as e:
+        raise ContextLimitExceeded(str(e)) from None
 
 
 class SessionGone(PipelineError):

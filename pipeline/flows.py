@@ -15,10 +15,12 @@ import asyncio
 import contextvars
 import time
 
+from pipeline.answers import AnswerEnd
 from pipeline.errors import LimitExceeded, unwrap
 from pipeline.sessions import SessionLog
-from pipeline.sources import (AppendChunk, Done, ReplaceContext, SourceError, citation, event_text,
+from pipeline.sources import (AppendChunk, Done, ReplaceContext, SourceError, citation, context_change,
                               open_source, source_type)
+from stream2llm.data.traces import ContextOp
 
 INLINE_SOURCES = ("documents", "corpus")  # built in the ingress (client-side retrieval)
 
@@ -63,13 +65,12 @@ async def token_events(items, stats: dict, session: SessionLog | None = None):
     """Relay a replica's answer items as ("token", delta, id) events; its closing stats land in
     `stats`. Ids name the replica holding the answer (resumable there) when a session is given."""
     async for item in items:
-        if "stats" in item:
-            stats.update(item["stats"])
+        if isinstance(item, AnswerEnd):
+            stats.update(item.stats)
             return
         event_id = None if session is None else answer_event_id(session.session_id, session.replica_id,
-                                                                item["tokens"])
-        yield "token", {"text": item["text"], "token_ids": item["token_ids"],
-                        "finish_reason": item["finish_reason"]}, event_id
+                                                                item.tokens)
+        yield "token", {"text": item.text, "token_ids": item.token_ids, "finish_reason": item.finish_reason}, event_id
 
 
 async def resume_events(ing, session_id: str, replica_id: str, after_tokens: int):
@@ -143,7 +144,7 @@ async def _context(ing, session: SessionLog, request):
     """Context events with ids: from the replica (retriever sources) or built here (inline)."""
     n = 0
     if request.source.type in INLINE_SOURCES:
-        await ing.client.add(session, "append", ing.template.header)
+        await ing.client.add(session, ContextOp.APPEND, ing.template.header)
         events = _inline_context(ing, session, open_source(request.source, request.question, ing.actors))
     else:
         call = await ing.actors.call(request.source, request.question)
@@ -154,14 +155,23 @@ async def _context(ing, session: SessionLog, request):
 
 
 async def _inline_context(ing, session: SessionLog, events):
+    async def add(session: SessionLog, op: ContextOp, text: str) -> int:
+        ing.metrics.ingress_chunk_bytes.inc(len(text.encode()))  # inline sources' text passes here
+        return await ing.client.add(session, op, text)
+
+    async for item in context_items(ing, session, events, add):
+        yield item
+
+
+async def context_items(ing, session: SessionLog, events, add):
+    """The (event, data) pairs of retrieval `events` applied to the session with `add`, up to
+    the retrieval's end (`Done`)."""
     async for event in events:
-        if isinstance(event, (AppendChunk, ReplaceContext)):
-            ing.metrics.ingress_chunk_bytes.inc(len(event_text(event).encode()))
-        item = await context_event(ing, session, event, ing.client.add)
+        item = await context_event(ing, session, event, add)
         if item is not None:
             yield item
         if isinstance(event, Done):
-            break
+            return
 
 
 async def _replica_context(ing, session: SessionLog, call):
@@ -174,15 +184,15 @@ async def _replica_context(ing, session: SessionLog, call):
         yield name, data
 
 
-def _cite(session: SessionLog, mode: str, sources: list[dict]) -> None:
-    if mode == "append":
+def _cite(session: SessionLog, op: ContextOp, sources: list[dict]) -> None:
+    if op == ContextOp.APPEND:
         session.sources.extend(sources)
     else:
         session.sources[:] = sources
 
 
 async def context_event(ing, session: SessionLog, event, add):
-    """Forward one retrieval event with `add(session, mode, text) -> context tokens`; the
+    """Forward one retrieval event with `add(session, op, text) -> context tokens`; the
     (event, data) pair to send to the client, or None."""
     if isinstance(event, SourceError):
         return "source_error", {"source": event.source, "reason": event.reason}
@@ -190,15 +200,14 @@ async def context_event(ing, session: SessionLog, event, add):
         return "retrieval_done", dict(event.summary)
     if not isinstance(event, (AppendChunk, ReplaceContext)):
         return None
-    mode = "append" if isinstance(event, AppendChunk) else "replace"
-    text = event_text(event) if mode == "append" else ing.template.header + event_text(event)
+    op, text = context_change(event, ing.template.header)
     try:
         ing.sessions.check_chunk_room(session)
-        tokens = await add(session, mode, text)
+        tokens = await add(session, op, text)
     except Exception as e:
         # Over a limit: the session keeps the context it has and the answer uses that.
         if not isinstance(unwrap(e), LimitExceeded):
             raise
-        return "context_skipped", {"mode": mode, "sources": citation(event), "reason": str(unwrap(e))}
-    _cite(session, mode, citation(event))
-    return "context", {"mode": mode, "sources": citation(event), "context_tokens": tokens}
+        return "context_skipped", {"mode": op, "sources": citation(event), "reason": str(unwrap(e))}
+    _cite(session, op, citation(event))
+    return "context", {"mode": op, "sources": citation(event), "context_tokens": tokens}

@@ -20,11 +20,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine.prompt import piece_text
 from pipeline import openai_routes
 from pipeline.central import SchedulerUnavailable, get_or_create_scheduler, scheduler_health
 from pipeline.client import EngineClient
 from pipeline.config import AppConfig
-from pipeline.errors import AdmissionRejected, BadRequest, LimitExceeded, unwrap
+from pipeline.errors import AdmissionRejected, BadRequest, unwrap
 from pipeline.flows import answer_events, cleanup, parse_event_id, rag_events, resume_events
 from pipeline.http_util import (LimitsMiddleware, error_response, event_stream, first_then_rest,
                                 http_exception_response, validation_response)
@@ -36,7 +37,8 @@ from pipeline.schemas import (BODY_ERRORS, HEALTH_RESPONSES, ChatCompletionReque
                               FinishBody, OpenStream, RagRequest, ReplaceBody, error_responses, event_stream_or_json,
                               text_response)
 from pipeline.session_store import SessionStore
-from pipeline.sources import format_piece, source_type
+from pipeline.sources import source_type
+from stream2llm.data.traces import ContextOp, PromptMode
 
 log = logging.getLogger("stream2llm.ingress")
 
@@ -49,9 +51,9 @@ api.add_middleware(LimitsMiddleware)
 class Ingress:
     def __init__(self, engine_handle, config: dict):
         self.config = AppConfig.model_validate(config)
-        limits = self.config.limits
         self.scheduler = get_or_create_scheduler(self.config)
-        self.client = EngineClient(engine_handle, self.scheduler, limits)
+        self.client = EngineClient(engine_handle, self.scheduler, self.config.limits.admission_timeout_s,
+                                   self.config.context_limit)
         self.handle = engine_handle
         self.template: PromptTemplate | None = None  # the model's RAG prompt text, from a replica
         # Session records live in shard actors (any ingress replica serves any session); idle
@@ -60,7 +62,8 @@ class Ingress:
         self.metrics = PipelineMetrics()
         self.actors = RetrieverActors(self.config)
         self.ingress_id = serve.get_replica_context().replica_id.unique_id
-        LimitsMiddleware.configure(limits.max_request_bytes, self.config.auth.bearer_tokens, self.ingress_id)
+        LimitsMiddleware.configure(self.config.limits.max_request_bytes, self.config.auth.bearer_tokens,
+                                   self.ingress_id)
 
     async def _run(self, coro, openai: bool = False):
         try:
@@ -115,16 +118,11 @@ class IngressRoutes(Ingress):
             return await self._run(self._resume(last_event_id, None, body.stream))
         return await self._run(self._rag(body))
 
-    def _check_answer_budget(self, sampling) -> None:
-        limit = self.config.limits.max_answer_tokens
-        if sampling.max_tokens > limit:
-            raise LimitExceeded(f"max_tokens {sampling.max_tokens} exceeds the limit of {limit}")
-
     async def _rag(self, body: RagRequest):
-        self._check_answer_budget(body.sampling)
+        self.config.check_answer_length(body.sampling.max_tokens)
         if self.template is None:
             self.template = await fetch_template(self.handle)
-        if body.prompt_mode == "oneshot":
+        if body.prompt_mode == PromptMode.ONESHOT:
             events = oneshot_rag_events(self, body, source_type(body.source))
         else:
             events = rag_events(self, body)
@@ -155,13 +153,13 @@ class IngressRoutes(Ingress):
 
     @_route("post", "/v1/streams/{session_id}/chunks", responses=error_responses(*BODY_ERRORS, 404, 409, 429))
     async def append_chunk(self, session_id: str, body: ChunkBody):
-        return await self._run(self._add(session_id, "append", [body], body.seq))
+        return await self._run(self._add(session_id, ContextOp.APPEND, [body], body.seq))
 
     @_route("put", "/v1/streams/{session_id}/context", responses=error_responses(*BODY_ERRORS, 404, 409, 429))
     async def replace_context(self, session_id: str, body: ReplaceBody):
-        return await self._run(self._add(session_id, "replace", body.chunks, body.seq))
+        return await self._run(self._add(session_id, ContextOp.REPLACE, body.chunks, body.seq))
 
-    async def _add(self, session_id: str, kind: str, chunks: list[ChunkBody], seq: int | None):
+    async def _add(self, session_id: str, op: ContextOp, chunks: list[ChunkBody], seq: int | None):
         session, duplicate = await self.sessions.get(session_id, claim_seq=seq)
         if duplicate:  # a retry of a change already applied (through any ingress)
             return {**session.summary(), "duplicate": True}
@@ -170,14 +168,14 @@ class IngressRoutes(Ingress):
         try:
             self.sessions.check_chunk_room(session)
             self.metrics.ingress_chunk_bytes.inc(len(text.encode()))
-            tokens = await self.client.add(session, kind, text)
+            tokens = await self.client.add(session, op, text)
         except BaseException:
             if seq is not None:
                 await cleanup(self.sessions.unclaim(session, seq))
             raise
         session.last_seq = session.last_seq if seq is None else seq
-        session.sources[:] = cites if kind == "replace" else session.sources + cites
-        await self.sessions.commit(session, (kind, text), cites)
+        session.sources[:] = cites if op == ContextOp.REPLACE else session.sources + cites
+        await self.sessions.commit(session, (op, text), cites)
         return {**session.summary(), "context_tokens": tokens, "duplicate": False}
 
     @_route("post", "/v1/streams/{session_id}/finish", responses={**event_stream_or_json("The answer: SSE or JSON."),
@@ -196,7 +194,7 @@ class IngressRoutes(Ingress):
         return await self._run(self._resume(last_event_id, session_id, True))
 
     async def _finish(self, session_id: str, body: FinishBody):
-        self._check_answer_budget(body.sampling)
+        self.config.check_answer_length(body.sampling.max_tokens)
         session = await self.sessions.finish(session_id)  # exactly one finish wins; the rest get 409
         events = answer_events(self, session, body.question, body.sampling.model_dump(), "streams")
         events = await first_then_rest(events)
@@ -231,7 +229,7 @@ class IngressRoutes(Ingress):
 def _piece(chunk: ChunkBody, index: int) -> str:
     if chunk.source_id is None and chunk.title is None:
         return chunk.text
-    return format_piece(chunk.source_id or f"chunk-{index}", chunk.title or "", chunk.text)
+    return piece_text(chunk.source_id or f"chunk-{index}", chunk.title or "", chunk.text)
 
 
 async def _collect(events) -> dict:

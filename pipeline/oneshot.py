@@ -13,9 +13,10 @@ from __future__ import annotations
 import time
 
 from pipeline.errors import LimitExceeded
-from pipeline.flows import cleanup, context_event, final_event, token_events
+from pipeline.flows import cleanup, context_items, final_event, token_events
 from pipeline.sessions import SessionLog
-from pipeline.sources import Done, open_source
+from pipeline.sources import open_source
+from stream2llm.data.traces import ContextOp, PromptMode
 
 
 class BufferedPrompt:
@@ -25,17 +26,17 @@ class BufferedPrompt:
         self._ing = ing
         self._pieces: list[list[int]] = []
 
-    async def add(self, session: SessionLog, mode: str, text: str) -> int:
+    async def add(self, session: SessionLog, op: ContextOp, text: str) -> int:
         """Same limit as a streamed session: the context it would hold after this piece."""
         self._ing.metrics.ingress_chunk_bytes.inc(len(text.encode()))  # the baseline buffers text here
         ids = await self._ing.client.tokenize(session, text)
-        total = len(ids) + (session.context_tokens if mode == "append" else 0)
-        limit = self._ing.config.limits.max_context_tokens
+        total = len(ids) + (session.context_tokens if op == ContextOp.APPEND else 0)
+        limit = self._ing.config.context_limit
         if total > limit:
             raise LimitExceeded(f"context of {total} tokens exceeds the limit of {limit} tokens; "
                                 "the session keeps its previous context")
-        self._pieces = self._pieces + [ids] if mode == "append" else [ids]
-        session.ops.append((mode, text))
+        self._pieces = self._pieces + [ids] if op == ContextOp.APPEND else [ids]
+        session.ops.append((op, text))
         session.context_tokens = total
         return total
 
@@ -50,13 +51,10 @@ async def oneshot_rag_events(ing, request, source_type: str):
     prompt = BufferedPrompt(ing)
     finished = False
     try:
-        await prompt.add(session, "append", ing.template.header)
-        async for event in open_source(request.source, request.question, ing.actors):
-            item = await context_event(ing, session, event, prompt.add)
-            if item is not None:
-                yield item
-            if isinstance(event, Done):
-                break
+        await prompt.add(session, ContextOp.APPEND, ing.template.header)
+        async for item in context_items(ing, session, open_source(request.source, request.question, ing.actors),
+                                        prompt.add):
+            yield item
         retrieval_s = time.monotonic() - started
         footer = await ing.client.tokenize(session, ing.template.footer(request.question))
         stats: dict = {}
@@ -66,7 +64,7 @@ async def oneshot_rag_events(ing, request, source_type: str):
         finished = True
         ing.metrics.observe_final("rag_oneshot", stats)
         yield "final", {**final_event(session, {**stats, "tokens_prefilled_before_finish": 0}),
-                        "retrieval_s": round(retrieval_s, 4), "prompt_mode": "oneshot"}
+                        "retrieval_s": round(retrieval_s, 4), "prompt_mode": PromptMode.ONESHOT}
     finally:
         if not finished:
             ing.metrics.aborted.labels("cut_short").inc()

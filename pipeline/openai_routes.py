@@ -15,7 +15,8 @@ import uuid
 
 from fastapi.responses import StreamingResponse
 
-from pipeline.errors import AdmissionRejected, LimitExceeded, ModelNotFound, openai_error
+from pipeline.answers import AnswerEnd
+from pipeline.errors import AdmissionRejected, ModelNotFound, openai_error
 from pipeline.flows import cleanup
 from pipeline.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -32,8 +33,7 @@ def _check(ing, model: str, max_tokens: int) -> None:
     if model != ing.config.model.served_name:
         raise ModelNotFound(f"The model {model!r} does not exist; this server serves "
                             f"{ing.config.model.served_name!r}")
-    if max_tokens > ing.config.limits.max_answer_tokens:
-        raise LimitExceeded(f"max_tokens {max_tokens} exceeds {ing.config.limits.max_answer_tokens}")
+    ing.config.check_answer_length(max_tokens)
 
 
 def _sampling(body, max_tokens: int) -> dict:
@@ -78,11 +78,11 @@ async def _respond(ing, body, prompt: str | dict, max_tokens: int, kind: str, ch
     try:
         text, reason, stats = "", None, {}
         async for item in stream:
-            if "stats" in item:
-                stats = item["stats"]
+            if isinstance(item, AnswerEnd):
+                stats = item.stats
                 continue
-            text += item["text"]
-            reason = item["finish_reason"] or reason
+            text += item.text
+            reason = item.finish_reason or reason
     finally:
         await cleanup(release())
     ing.metrics.observe_final(kind, stats)
@@ -95,10 +95,10 @@ async def _chunks(ing, stream, head: dict, kind: str, choice, release):
     obj = f"{kind}.chunk" if kind.startswith("chat") else kind
     try:
         async for item in stream:
-            if "stats" in item:
-                ing.metrics.observe_final(kind, item["stats"])
+            if isinstance(item, AnswerEnd):
+                ing.metrics.observe_final(kind, item.stats)
                 continue
-            payload = {**head, "object": obj, "choices": [choice(item["text"], item["finish_reason"], final=False)]}
+            payload = {**head, "object": obj, "choices": [choice(item.text, item.finish_reason, final=False)]}
             yield f"data: {json.dumps(payload)}\n\n"
     except Exception as e:  # the status line is gone: OpenAI's error object in-band
         yield f"data: {json.dumps(openai_error(e))}\n\n"

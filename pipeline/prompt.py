@@ -1,14 +1,17 @@
 """RAG prompt text in the ingress, from the model's own chat template (fetched once from a replica).
 
-The layout is `engine.prompt.RagPrompt`'s: the header opens the prompt (first chunk), each retrieved
-document is one piece tagged `[source_id] title` in a stable order, and the question closes it (the
-`finish` piece), so a replace keeps the longest common prefix. Replicas tokenize the text; the
-ingress never loads a tokenizer.
+The layout and the text of each piece are `engine.prompt`'s (`piece_text`, `question_text`): the
+header opens the prompt (first chunk), each retrieved document is one piece tagged
+`[source_id] title` in a stable order, and the question closes it (the `finish` piece), so a
+replace keeps the longest common prefix. Replicas tokenize the text; the ingress never loads a
+tokenizer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from engine.prompt import question_text
 
 
 @dataclass(frozen=True)
@@ -17,7 +20,7 @@ class PromptTemplate:
     after_question: str
 
     def footer(self, question: str) -> str:
-        return f"Question: {question.strip()}{self.after_question}"
+        return question_text(question, self.after_question)
 
 
 async def fetch_template(handle) -> PromptTemplate:

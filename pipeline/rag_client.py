@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from stream2llm.data.traces import PromptMode
+
 
 @dataclass
 class RagResult:
     question: str
-    prompt_mode: str
+    prompt_mode: PromptMode
     status: int = 0
     error: str | None = None
     answer: str = ""
@@ -71,7 +73,8 @@ class RagResult:
 
 
 async def ask(http: httpx.AsyncClient, base_url: str, question: str, source: dict, *,
-              prompt_mode: str = "stream", max_tokens: int = 32, headers: dict | None = None) -> RagResult:
+              prompt_mode: PromptMode = PromptMode.STREAM, max_tokens: int = 32,
+              headers: dict | None = None) -> RagResult:
     """POST /v1/rag and read its event stream; HTTP errors come back in the result, not raised."""
     body = {"question": question, "source": source, "prompt_mode": prompt_mode,
             "sampling": {"max_tokens": max_tokens, "temperature": 0.0}}

@@ -17,13 +17,14 @@ from dataclasses import asdict
 import ray
 from ray import serve
 
-from engine.api import ContextTooLongError, SamplingConfig, SessionNotFoundError
-from pipeline.answers import AnswerLogs
+from engine.api import SamplingConfig, SessionNotFoundError
+from pipeline.answers import AnswerEnd, AnswerLogs, AnswerPiece
 from pipeline.central import get_or_create_scheduler
 from pipeline.central_client import drain_replica
 from pipeline.config import AppConfig
-from pipeline.errors import ContextLimitExceeded, SessionConflict, SessionGone
+from pipeline.errors import ContextLimitExceeded, SessionConflict, SessionGone, context_limit_errors
 from pipeline.replica_context import ContextLimits, RetrieverCall, Tokenizer, coalesce, pull, pump
+from stream2llm.data.traces import ContextOp
 
 log = logging.getLogger("stream2llm.replica")
 
@@ -59,26 +60,20 @@ class EngineReplica:
         self._source[session_id] = source_type
         return {"session_id": session_id, "replica_id": self.replica_id, "node_id": self.node_id}
 
-    async def append(self, session_id: str, text: str, limit: int | None = None, route_to=None) -> int:
-        return await self._op(session_id, self._engine.append, text, limit, keep=True)
-
-    async def update(self, session_id: str, text: str, limit: int | None = None, route_to=None) -> int:
-        return await self._op(session_id, self._engine.update, text, limit, keep=False)
-
-    async def _op(self, session_id: str, fn, text: str, limit: int | None, keep: bool) -> int:
-        """Append (keep=True) or replace; `limit` caps the session's context tokens."""
+    async def change_context(self, session_id: str, op: ContextOp, text: str, limit: int | None = None,
+                             route_to=None) -> int:
+        """Append or replace (`op`); `limit` caps the session's context tokens."""
         self._known(session_id)
         self._busy.add(session_id)
         try:
             ids = await self._tokenize(text)  # once, on a worker thread
             if limit is not None:
-                kept = self._engine.session_stats(session_id).context_tokens if keep else 0
+                kept = self._engine.session_stats(session_id).context_tokens if op == ContextOp.APPEND else 0
                 if kept + len(ids) > limit:
                     raise ContextLimitExceeded(f"context of {kept + len(ids)} tokens exceeds the limit of "
                                                f"{limit} tokens; the session keeps its previous context")
-            return await fn(session_id, token_ids=ids)
-        except ContextTooLongError as e:
-            raise ContextLimitExceeded(str(e)) from None
+            with context_limit_errors():
+                return await self._engine.change_context(session_id, op, token_ids=ids)
         finally:
             self._busy.discard(session_id)
             self._touch(session_id)
@@ -88,7 +83,7 @@ class EngineReplica:
         yield (event, data) summaries: context, context_skipped, source_error, retrieval_done."""
         self._known(session_id)
         self._busy.add(session_id)
-        limits = ContextLimits(self._config.limits.max_chunks_per_session, self._config.limits.max_context_tokens)
+        limits = ContextLimits(self._config.limits.max_chunks_per_session, self._config.context_limit)
         try:
             async for item in pump(self._engine, self._tokenize, session_id, await self._prompt_header(),
                                    pull(call), limits):
@@ -100,7 +95,7 @@ class EngineReplica:
     async def finish(self, session_id: str, question: str, sampling: dict | None = None,
                      after_tokens: int = 0, route_to=None):
         """Start the answer (in a task of this replica) and stream it from `after_tokens` on:
-        coalesced deltas, then one {"stats": ...} item; every item carries `tokens` (the answer's
+        coalesced `AnswerPiece`s, then one `AnswerEnd`; every item carries `tokens` (the answer's
         tokens so far). A second finish of the session is a `SessionConflict` (409)."""
         if self._answers.get(session_id) is not None:
             raise SessionConflict(f"session {session_id} was already finished; reconnect with "
@@ -123,13 +118,12 @@ class EngineReplica:
     async def _produce(self, session_id: str, question: str, sampling: dict | None):
         done = False
         try:
-            deltas = self._engine.finish(session_id, question, sampling=SamplingConfig(**(sampling or {})))
-            async for item in coalesce(_items(deltas)):
-                yield item
+            with context_limit_errors():
+                deltas = self._engine.finish(session_id, question, sampling=SamplingConfig(**(sampling or {})))
+                async for item in coalesce(_items(deltas)):
+                    yield item
             done = True
-            yield {"stats": self._session_stats(session_id)}
-        except ContextTooLongError as e:
-            raise ContextLimitExceeded(str(e)) from None
+            yield AnswerEnd(self._session_stats(session_id))
         finally:
             self._busy.discard(session_id)
             self._forget(session_id)
@@ -148,12 +142,10 @@ class EngineReplica:
         stats = SessionStats(session_id=cache_salt or uuid.uuid4().hex)  # names the engine request: unique
         deltas = self._engine.generate(prompt, token_ids=token_ids, sampling=SamplingConfig(**(sampling or {})),
                                        stats=stats, cache_salt=cache_salt)
-        try:
+        with context_limit_errors():
             async for item in _items(deltas):
                 yield item
-        except ContextTooLongError as e:
-            raise ContextLimitExceeded(str(e)) from None
-        yield {"stats": {**asdict(stats), "ttft_s": stats.ttft_s, "replica_id": self.replica_id}}
+        yield AnswerEnd({**asdict(stats), "ttft_s": stats.ttft_s, "replica_id": self.replica_id})
 
     async def abort(self, session_id: str, route_to=None) -> bool:
         """Abort (its answer too) and free KV; False when the session was not open here."""
@@ -283,7 +275,6 @@ class EngineReplica:
 
 
 async def _items(deltas):
-    """Engine `OutputDelta`s as plain dicts (what crosses Ray)."""
+    """Engine `OutputDelta`s as the `AnswerPiece`s that cross Ray."""
     async for delta in deltas:
-        yield {"text": delta.text, "token_ids": list(delta.token_ids),
-               "finished": delta.finished, "finish_reason": delta.finish_reason}
+        yield AnswerPiece(delta.text, list(delta.token_ids), delta.finish_reason)

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 import ray
 
 from engine.api import ContextTooLongError
-from pipeline.sources import AppendChunk, Done, ReplaceContext, SourceError, citation, event_text
+from pipeline.answers import AnswerPiece
+from pipeline.sources import AppendChunk, Done, ReplaceContext, SourceError, citation, context_change
+from stream2llm.data.traces import ContextOp
 
 log = logging.getLogger("stream2llm.replica")
 
@@ -98,11 +100,10 @@ async def pump(engine, tokenize: Tokenizer, session_id: str, header: str, events
 
 
 async def _prefill(engine, tokenize, session_id, header, event, chunks, limits) -> tuple[str, dict]:
-    mode = "append" if isinstance(event, AppendChunk) else "replace"
+    op, text = context_change(event, header)
     sources = citation(event)
-    text = event_text(event) if mode == "append" else header + event_text(event)
     ids = await tokenize(text)
-    kept = engine.session_stats(session_id).context_tokens if mode == "append" else 0
+    kept = engine.session_stats(session_id).context_tokens if op == ContextOp.APPEND else 0
     reason = None
     if chunks >= limits.max_chunks:
         reason = f"session {session_id} already has {chunks} chunks (limit {limits.max_chunks})"
@@ -111,18 +112,18 @@ async def _prefill(engine, tokenize, session_id, header, event, chunks, limits) 
                   "tokens; the session keeps its previous context")
     if reason is None:
         try:
-            fn = engine.append if mode == "append" else engine.update
-            tokens = await fn(session_id, token_ids=ids)
-            return "context", {"mode": mode, "sources": sources, "context_tokens": tokens}
+            tokens = await engine.change_context(session_id, op, token_ids=ids)
+            return "context", {"mode": op, "sources": sources, "context_tokens": tokens}
         except ContextTooLongError as e:  # the engine's own limit (model length)
             reason = str(e)
-    return "context_skipped", {"mode": mode, "sources": sources, "reason": reason}
+    return "context_skipped", {"mode": op, "sources": sources, "reason": reason}
 
 
-async def coalesce(deltas: AsyncIterator, window_s: float = COALESCE_S) -> AsyncIterator[dict]:
-    """Answer items ({"text", "token_ids", "finished", "finish_reason"}) merged so that at most one
-    leaves per `window_s`; the first leaves at once. A background task reads `deltas`, so a slow
-    consumer never slows the engine down; errors surface in order."""
+async def coalesce(deltas: AsyncIterator[AnswerPiece],
+                   window_s: float = COALESCE_S) -> AsyncIterator[AnswerPiece]:
+    """Answer pieces merged so that at most one leaves per `window_s`; the first leaves at once. A
+    background task reads `deltas`, so a slow consumer never slows the engine down; errors surface
+    in order."""
     queue: asyncio.Queue = asyncio.Queue()
     end = object()
 
@@ -159,12 +160,11 @@ async def coalesce(deltas: AsyncIterator, window_s: float = COALESCE_S) -> Async
 
 
 def _mergeable(item) -> bool:
-    return isinstance(item, dict)
+    return isinstance(item, AnswerPiece)
 
 
-def _merge(items: list[dict]) -> dict:
+def _merge(items: list[AnswerPiece]) -> AnswerPiece:
     if len(items) == 1:
         return items[0]
-    return {"text": "".join(i["text"] for i in items),
-            "token_ids": [t for i in items for t in i["token_ids"]],
-            "finished": items[-1]["finished"], "finish_reason": items[-1]["finish_reason"]}
+    return AnswerPiece("".join(i.text for i in items), [t for i in items for t in i.token_ids],
+                       items[-1].finish_reason)

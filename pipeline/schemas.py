@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
+from stream2llm.data.traces import PromptMode
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -47,8 +49,9 @@ class RagRequest(_Body):
     question: StrictStr = Field(min_length=1)
     source: Source
     stream: StrictBool = True
-    prompt_mode: Literal["stream", "oneshot"] = Field(
-        "stream", description="stream: prefill context as it arrives; oneshot: the baseline, one prompt after retrieval")
+    prompt_mode: PromptMode = Field(
+        PromptMode.STREAM,
+        description="stream: prefill context as it arrives; oneshot: the baseline, one prompt after retrieval")
     sampling: Sampling = Field(default_factory=Sampling)
 
 

@@ -22,6 +22,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from pipeline.central import NAMESPACE, head_node_id
 from pipeline.errors import SessionConflict, SessionGone
 from pipeline.sessions import SessionLog
+from stream2llm.data.traces import ContextOp
 
 FIELDS = ("session_id", "source_type", "replica_id", "node_id", "context_tokens", "recovered",
           "last_seq", "created_at")
@@ -71,7 +72,7 @@ class SessionShard:
             record["last_seq"] = previous
 
     def commit(self, session_id: str, op: tuple | None, sources: list[dict] | None, fields: dict) -> bool:
-        """Record an accepted change: `op` ("append"|"replace", text) is logged, `sources` are the
+        """Record an accepted change: `op` (a `ContextOp`, text) is logged, `sources` are the
         change's citations (a replace resets them), `fields` overwrite. False if the record is gone."""
         record = self._records.get(session_id)
         if record is None:
@@ -79,7 +80,7 @@ class SessionShard:
         if op is not None:
             record["ops"].append(op)
         if sources is not None:
-            record["sources"] = sources if op and op[0] == "replace" else record["sources"] + sources
+            record["sources"] = sources if op and op[0] == ContextOp.REPLACE else record["sources"] + sources
         record.update(fields)
         self._touched[session_id] = time.monotonic()
         return True

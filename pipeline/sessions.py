@@ -12,6 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from stream2llm.data.traces import ContextOp
 
 
 @dataclass
@@ -20,7 +21,7 @@ class SessionLog:
     source_type: str
     replica_id: str
     node_id: str = ""
-    ops: list[tuple[str, str]] = field(default_factory=list)   # ("append" | "replace", text)
+    ops: list[tuple[ContextOp, str]] = field(default_factory=list)
     retrieval: object | None = None     # a RetrieverCall the replica ran (no text kept here)
     retrieval_done: bool = False
     retrieved_chunks: int = 0           # pieces the replica prefilled from `retrieval`
@@ -39,9 +40,9 @@ class SessionLog:
     def touch(self) -> None:
         self.touched_at = time.monotonic()
 
-    def replay_ops(self) -> list[tuple[str, str]]:
+    def replay_ops(self) -> list[tuple[ContextOp, str]]:
         """The smallest equivalent history: everything after the last replace."""
-        last_replace = max((i for i, (kind, _) in enumerate(self.ops) if kind == "replace"), default=0)
+        last_replace = max((i for i, (op, _) in enumerate(self.ops) if op == ContextOp.REPLACE), default=0)
         return self.ops[last_replace:]
 
     def summary(self) -> dict:

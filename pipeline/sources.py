@@ -11,9 +11,11 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator
 
+from engine.prompt import piece_text
 from pipeline.errors import BadRequest
 from pipeline.schemas import Source
 from retrievers.events import AppendChunk, Done, ReplaceContext, SourceError
+from stream2llm.data.traces import ContextOp
 
 SOURCE_TYPES = {"crawl": "crawler", "search": "crawler", "vector": "vector", "trace": "trace",
                 "documents": "client", "corpus": "client"}
@@ -60,13 +62,16 @@ def open_source(source: Source, question: str, actors) -> AsyncIterator:
 def event_text(event) -> str:
     """Context text of an append, or the whole new context of a replace."""
     if isinstance(event, AppendChunk):
-        return format_piece(event.source_id, event.title, event.text)
-    return "".join(format_piece(c.source_id, c.title, c.text) for c in event.chunks)
+        return piece_text(event.source_id, event.title, event.text)
+    return "".join(piece_text(c.source_id, c.title, c.text) for c in event.chunks)
 
 
-def format_piece(source_id: str, title: str, text: str) -> str:
-    """One tagged document of the RAG prompt (stable, so a replace keeps the common prefix)."""
-    return f"[{source_id}] {title}\n{text.strip()}\n\n"
+def context_change(event: AppendChunk | ReplaceContext, header: str) -> tuple[ContextOp, str]:
+    """The change a retrieved piece makes to its session: the piece appended, or a whole new context
+    that starts with the prompt header (so a replace keeps the header's KV)."""
+    if isinstance(event, AppendChunk):
+        return ContextOp.APPEND, event_text(event)
+    return ContextOp.REPLACE, header + event_text(event)
 
 
 def citation(event) -> list[dict]:

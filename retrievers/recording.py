@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .events import AppendChunk, ContextStream, ReplaceContext
-from stream2llm.data.traces import APPEND, REPLACE, QueryTrace, TraceEvent, write_crawler_csv, write_vector_csv
+from stream2llm.data.traces import ContextOp, QueryTrace, TraceEvent, write_crawler_csv, write_vector_csv
 
 SEARCH_SOURCE_ID = "search"
 
@@ -39,12 +39,13 @@ class TraceRecorder:
         if isinstance(event, AppendChunk):
             began = event.started_at - self._start if event.started_at is not None else previous_end
             kind = "tavily_search" if event.source_id == SEARCH_SOURCE_ID else "page_scrape"
-            self._events.append(TraceEvent(max(0.0, began), now, APPEND, event.num_tokens, event.text,
+            self._events.append(TraceEvent(max(0.0, began), now, ContextOp.APPEND, event.num_tokens, event.text,
                                            (event.source_id,), kind))
         elif isinstance(event, ReplaceContext):
             for chunk in event.chunks:
                 self._doc_tokens[chunk.source_id] = chunk.num_tokens
-            self._events.append(TraceEvent(previous_end, now, REPLACE, event.num_tokens + self.question_tokens,
+            self._events.append(TraceEvent(previous_end, now, ContextOp.REPLACE,
+                                           event.num_tokens + self.question_tokens,
                                            doc_ids=event.source_ids, source="vector"))
 
     def trace(self) -> QueryTrace | None:

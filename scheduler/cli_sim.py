@@ -11,9 +11,9 @@ from pathlib import Path
 from scheduler.cost_model import load_cost_model
 from scheduler.gpu_model import PRESETS
 from scheduler.policies import POLICIES
-from scheduler.simulator import EngineConfig
+from scheduler.simulator import SimEngineConfig
 from scheduler.simulator.grid import GENERATORS, HEADER, READERS, run_grid
-from scheduler.simulator.replay import MODES
+from stream2llm.data.traces import PromptMode
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delay", type=float, default=1.0, help="delay multiplier (memory pressure)")
     parser.add_argument("--tokens-scale", type=float, default=1.0)
     parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(PromptMode))
     parser.add_argument("--hardware", choices=sorted(PRESETS), default="h200")
     parser.add_argument("--cost-model", type=Path, help="measured cost-model JSON (overrides --hardware)")
     parser.add_argument("--kv-blocks", type=int, help="KV blocks per engine (default: from the hardware)")
@@ -52,7 +52,7 @@ def run(args) -> int:
     if kv_blocks <= 0:
         print("error: --kv-blocks is required with a measured cost model", file=sys.stderr)
         return 2
-    engine = EngineConfig(kv_blocks, args.block_size, args.max_num_tokens, args.swap_pool_blocks)
+    engine = SimEngineConfig(kv_blocks, args.block_size, args.max_num_tokens, args.swap_pool_blocks)
     traces = load_traces(args)
     print(f"{args.workload}: {len(traces)} requests, qps {args.qps}, delay x{args.delay}, "
           f"{kv_blocks} KV blocks x {args.engines} engine(s), swap {'yes' if cost.swap_available else 'no'}")

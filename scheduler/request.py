@@ -35,7 +35,7 @@ class RequestView:
     # such a session out of its queues; recomputing it early would sample a token nobody asked for);
     # under a policy that degrades evicted streams, it waits for its question (`unblock`).
     blocked: bool = False
-    superseded: bool = False  # replaced by a newer request of its session (engine: update mode)
+    superseded: bool = False  # replaced by a newer request of its session (engine: after a `replace`)
     chunk_gaps: list[float] = field(default_factory=list)  # recent inter-chunk gaps, oldest first
 
     @property

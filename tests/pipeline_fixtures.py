@@ -15,7 +15,8 @@ from tests.conftest import TINY_DTYPE  # noqa: F401 (re-exported)
 def tiny_config(**sections) -> dict:
     """An AppConfig dict for mechanics tests: tiny model, small KV, 1 CPU per replica."""
     base = {
-        "model": {"model": "tiny", "dtype": TINY_DTYPE, "max_model_len": 2048, "kv_cache_memory_bytes": 16 << 20},
+        "model": {"model": "tiny", "dtype": TINY_DTYPE, "max_model_len": 2048, "kv_cache_memory_bytes": 16 << 20,
+                  "answer_budget_tokens": 512},
         "replicas": {"min_replicas": 2, "max_replicas": 2, "num_cpus": 1.0, "report_interval_s": 0.5},
         "limits": {"max_chunks_per_session": 6, "max_context_tokens": 1200, "session_ttl_s": 8.0,
                    "max_queue": 1, "admission_timeout_s": 2.0, "max_request_bytes": 64 * 1024},

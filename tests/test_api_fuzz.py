@@ -26,8 +26,9 @@ pytestmark = pytest.mark.timeout(1800)
 
 EXAMPLES = int(os.environ.get("STREAM2LLM_FUZZ_EXAMPLES", "12"))
 # Small answers keep each generated request short; a larger max_tokens must be refused (413).
-FUZZ_CONFIG = tiny_config(limits={"max_answer_tokens": 16, "session_ttl_s": 30.0, "max_queue": 4,
-                                  "admission_timeout_s": 5.0, "max_chunks_per_session": 6})
+FUZZ_CONFIG = tiny_config(model={"answer_budget_tokens": 16},
+                          limits={"session_ttl_s": 30.0, "max_queue": 4, "admission_timeout_s": 5.0,
+                                  "max_chunks_per_session": 6})
 
 
 @pytest.fixture(scope="module")

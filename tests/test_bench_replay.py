@@ -12,6 +12,7 @@ from bench import cli
 from bench.http_replay import (BenchError, BenchSpec, aggregate, ccdf, cluster_sample, load_traces, percentile,
                                write_request_traces)
 from scheduler.policies import UnknownPolicyError
+from stream2llm.data.traces import PromptMode
 
 REQUESTS = 4
 
@@ -191,7 +192,7 @@ def test_closed_loop_pipeline_bench_end_to_end(tmp_path):
                           "--output", str(out), "--out", str(tmp_path)])
     summary = json.loads(out.read_text())
     assert code == 0 and summary["failed"] == 0 and summary["meta"]["model"] == "tiny"
-    for mode in ("stream", "nonstream"):
+    for mode in PromptMode:
         cell = summary[mode]
         assert cell["clients"] == 2 and cell["answered"] == pipeline.QUICK_REQUESTS
         # a closed loop: at most `clients` sessions in flight, so no request waited for an arrival time

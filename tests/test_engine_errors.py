@@ -20,7 +20,7 @@ async def test_context_too_long_leaves_session_usable(tiny_engine):
     assert caught.value.limit == tiny_engine.max_model_len - 32 and not caught.value.session_closed
     assert str(caught.value.limit) in str(caught.value)
     with pytest.raises(ContextTooLongError):
-        await tiny_engine.update(sid, token_ids=[5] * tiny_engine.max_model_len)
+        await tiny_engine.replace(sid, token_ids=[5] * tiny_engine.max_model_len)
     assert tiny_engine.session_stats(sid).context_tokens == before
     with pytest.raises(ContextTooLongError):  # the answer budget would not fit either
         tiny_engine.finish(sid, "why?", sampling=SamplingConfig(max_tokens=tiny_engine.max_model_len))
@@ -70,7 +70,7 @@ async def test_interleaved_operations_on_one_session_apply_in_call_order(tiny_en
     sid = await tiny_engine.open_session()
     await tiny_engine.append(sid, "first context " * 20)
     replaced = "entirely different context " * 20
-    update = asyncio.create_task(tiny_engine.update(sid, replaced))
+    update = asyncio.create_task(tiny_engine.replace(sid, replaced))
     append = asyncio.create_task(tiny_engine.append(sid, " racing chunk"))
     await asyncio.gather(update, append)
     expected = len(tiny_engine.tokenize(replaced)) + len(tiny_engine.tokenize(" racing chunk"))

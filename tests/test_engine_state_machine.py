@@ -102,7 +102,7 @@ class SessionMachine(RuleBasedStateMachine):
                 if op == "append":
                     return await engine.append(sid, token_ids=ids)
                 if op == "replace":
-                    return await engine.update(sid, token_ids=ids)
+                    return await engine.replace(sid, token_ids=ids)
                 if op == "abort":
                     return await engine.abort(sid)
                 deltas = engine.finish(sid, question=QUESTION, sampling=GREEDY)

@@ -56,7 +56,7 @@ async def test_update_matches_one_shot_and_reuses_prefix(tiny_engine, pattern):
     sid = await tiny_engine.open_session()
     await tiny_engine.append(sid, token_ids=first)
     await tiny_engine.wait_prefilled(sid)
-    await tiny_engine.update(sid, token_ids=second)
+    await tiny_engine.replace(sid, token_ids=second)
     await tiny_engine.wait_prefilled(sid)
     streamed, _ = await collect(tiny_engine.finish(sid, token_ids=question, sampling=GREEDY))
     assert streamed == await _one_shot(tiny_engine, second + question)
@@ -98,7 +98,7 @@ async def test_abort_racing_update_and_finish_leaves_nothing_behind(tiny_engine)
     await engine.append(sid, text="alpha beta gamma delta " * 20)
     await engine.wait_prefilled(sid)
     # update and abort at once: no request may outlive the aborted session
-    await asyncio.gather(engine.update(sid, text="alpha beta " * 30), engine.abort(sid),
+    await asyncio.gather(engine.replace(sid, text="alpha beta " * 30), engine.abort(sid),
                          return_exceptions=True)
     with pytest.raises(SessionNotFoundError):
         await engine.append(sid, text="more")

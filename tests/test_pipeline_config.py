@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from engine.config import EngineConfig
 from pipeline.autoscale import KVPressurePolicy, autoscaling_config
 from pipeline.config import AppConfig, load_config
+from pipeline.errors import LimitExceeded
 
 
 def test_defaults_are_local_cpu_smollm2_and_the_engine_config_is_embedded():
@@ -77,6 +78,18 @@ def test_vector_actor_gpu_share_is_accounted_by_ray():
 def test_bad_config_is_rejected(bad):
     with pytest.raises(ValidationError):
         AppConfig.model_validate(bad)
+
+
+def test_one_context_ceiling_and_one_answer_budget_from_the_engine():
+    config = AppConfig.model_validate({"model": {"max_model_len": 4096, "answer_budget_tokens": 256}})
+    assert config.context_limit == 4096 - 256 == config.model.context_limit
+    capped = AppConfig.model_validate({"model": {"max_model_len": 4096}, "limits": {"max_context_tokens": 1000}})
+    assert capped.context_limit == 1000
+    with pytest.raises(ValidationError, match="model.context_limit"):
+        AppConfig.model_validate({"model": {"max_model_len": 4096}, "limits": {"max_context_tokens": 4000}})
+    config.check_answer_length(256)
+    with pytest.raises(LimitExceeded, match="answer budget of 256"):
+        config.check_answer_length(257)
 
 
 def test_load_config_file_and_dotted_overrides(tmp_path):

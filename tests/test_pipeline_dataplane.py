@@ -12,11 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.answers import AnswerCancelled, AnswerLog, AnswerLogs
+from pipeline.answers import AnswerCancelled, AnswerEnd, AnswerLog, AnswerLogs, AnswerPiece
 from pipeline.flows import answer_event_id, parse_event_id
 from pipeline.replica_context import ContextLimits, coalesce, pump
 from pipeline.router import _waits_for
 from retrievers.events import AppendChunk, Chunk, Done, ReplaceContext, SourceError
+from stream2llm.data.traces import ContextOp
 
 
 class FakeEngine:
@@ -25,13 +26,11 @@ class FakeEngine:
         self.calls: list[str] = []
 
     async def append(self, session_id, token_ids):
-        self.calls.append("append")
-        self.context += list(token_ids)
-        return len(self.context)
+        return await self.change_context(session_id, ContextOp.APPEND, token_ids=token_ids)
 
-    async def update(self, session_id, token_ids):
-        self.calls.append("update")
-        self.context = list(token_ids)
+    async def change_context(self, session_id, op, token_ids):
+        self.calls.append(op)
+        self.context = (self.context if op == ContextOp.APPEND else []) + list(token_ids)
         return len(self.context)
 
     def session_stats(self, session_id):
@@ -63,7 +62,7 @@ def test_pump_prefills_pieces_and_yields_summaries_without_text():
     out = _run(go())
     names = [n for n, _ in out]
     assert names == ["context", "source_error", "context", "context_skipped", "retrieval_done"]
-    assert engine.calls == ["append", "append", "update"]  # header, piece, replace; the big piece skipped
+    assert engine.calls == ["append", "append", "replace"]  # header, piece, replace; the big piece skipped
     assert out[0][1]["sources"][0]["source_id"] == "s1" and "text" not in out[0][1]
     assert out[2][1]["mode"] == "replace" and out[2][1]["context_tokens"] == len(engine.context)
     assert "exceeds the limit of 20" in out[3][1]["reason"]
@@ -80,7 +79,7 @@ def test_pump_counts_the_chunk_limit():
 
 
 def _delta(i, finished=False):
-    return {"text": f"t{i}", "token_ids": [i], "finished": finished, "finish_reason": "length" if finished else None}
+    return AnswerPiece(f"t{i}", [i], "length" if finished else None)
 
 
 def test_coalesce_merges_what_waits_and_keeps_every_token_in_order():
@@ -92,9 +91,10 @@ def test_coalesce_merges_what_waits_and_keeps_every_token_in_order():
         return [item async for item in coalesce(burst(), window_s=0.05)]
 
     items = _run(go())
-    assert [t for i in items for t in i["token_ids"]] == list(range(20))
-    assert "".join(i["text"] for i in items) == "".join(f"t{i}" for i in range(20))
-    assert len(items) < 20 and items[-1]["finished"] and items[-1]["finish_reason"] == "length"
+    assert [t for i in items for t in i.token_ids] == list(range(20))
+    assert "".join(i.text for i in items) == "".join(f"t{i}" for i in range(20))
+    assert len(items) < 20 and items[-1].finish_reason == "length"
+    assert all(i.finish_reason is None for i in items[:-1])
 
 
 def test_coalesce_raises_the_producers_error_after_its_items():
@@ -109,14 +109,14 @@ def test_coalesce_raises_the_producers_error_after_its_items():
                 got.append(item)
         return got
 
-    assert [i["token_ids"] for i in _run(go())] == [[0]]
+    assert [i.token_ids for i in _run(go())] == [[0]]
 
 
 def test_answer_log_resumes_from_a_token_cursor():
     async def answer():
-        yield {**_delta(0), "token_ids": [10, 11], "text": "ab"}
-        yield {**_delta(1), "token_ids": [12], "text": "c"}
-        yield {"stats": {"output_tokens": 3}}
+        yield AnswerPiece("ab", [10, 11])
+        yield AnswerPiece("c", [12])
+        yield AnswerEnd({"output_tokens": 3})
 
     async def go():
         log = AnswerLog(answer(), grace_s=1.0)
@@ -125,8 +125,9 @@ def test_answer_log_resumes_from_a_token_cursor():
         return full, part
 
     full, part = _run(go())
-    assert [i.get("token_ids") for i in full[:-1]] == [[10, 11], [12]] and full[-1]["stats"]["output_tokens"] == 3
-    assert [i["token_ids"] for i in part[:-1]] == [[11], [12]] and [i["tokens"] for i in part] == [2, 3, 3]
+    assert [i.token_ids for i in full[:-1]] == [[10, 11], [12]] and full[-1].stats["output_tokens"] == 3
+    assert [i.token_ids for i in part[:-1]] == [[11], [12]] and [i.tokens for i in part] == [2, 3, 3]
+    assert part[0].text == "" and full[0].text == "ab"  # a cut piece drops its text (it spans tokens)
 
 
 def test_answer_nobody_reads_is_cancelled_after_the_grace_period():

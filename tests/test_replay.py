@@ -14,7 +14,7 @@ from retrievers.events import AppendChunk, Done, ReplaceContext
 from retrievers.local_site import LocalSite, SiteConfig
 from retrievers.recording import TraceRecorder, write_traces
 from retrievers.replay import TraceReplayer, filler_text
-from stream2llm.data.traces import (APPEND, REPLACE, QueryTrace, TraceEvent, read_crawler_csv,
+from stream2llm.data.traces import (ContextOp, QueryTrace, TraceEvent, read_crawler_csv,
                                synthetic_crawler_traces, synthetic_vector_traces)
 
 pytestmark = pytest.mark.timeout(60)
@@ -41,7 +41,7 @@ def _check_timing(timed, trace: QueryTrace, multiplier: float):
 
 
 async def test_replay_timing_with_multiplier():
-    events = tuple(TraceEvent(0.0, t, APPEND, 10, f"chunk {i}", (f"p{i}",), "page_scrape")
+    events = tuple(TraceEvent(0.0, t, ContextOp.APPEND, 10, f"chunk {i}", (f"p{i}",), "page_scrape")
                    for i, t in enumerate([0.05, 0.12, 0.2, 0.35]))
     trace = QueryTrace("t", "crawler", "q", events, 5, 8)
     timed = await _timed(TraceReplayer(multiplier=2.0).stream(trace))
@@ -104,4 +104,4 @@ def test_recorder_rejects_bad_shape_and_empty_run():
     with pytest.raises(ValueError):
         TraceRecorder("q", "audio", "q", 1)
     assert TraceRecorder("q", "vector", "q", 1).trace() is None
-    assert REPLACE == "replace"
+    assert ContextOp.REPLACE == "replace"

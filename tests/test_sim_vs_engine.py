@@ -14,10 +14,9 @@ import numpy as np
 from bench.engine_replay import replay
 from engine.calibration import measure_cost_model
 from engine.config import EngineConfig
-from stream2llm.data.traces import APPEND, QueryTrace, TraceEvent, poisson_arrivals
+from stream2llm.data.traces import ContextOp, PromptMode, QueryTrace, TraceEvent, poisson_arrivals
 from scheduler.cost_model import MeasuredCostModel
-from scheduler.simulator import EngineConfig as SimEngineConfig
-from scheduler.simulator import SimConfig, simulate
+from scheduler.simulator import SimConfig, SimEngineConfig, simulate
 
 REQUESTS, PROMPT, QUESTION, BUDGET = 6, 480, 16, 512
 BURST_QPS = 1e6  # all requests at once
@@ -25,7 +24,7 @@ FACTOR = 2.0  # stated tolerance: simulated / measured TTFT mean and p90 within 
 
 
 def _burst() -> list[QueryTrace]:
-    return [QueryTrace(f"burst-{i}", "crawler", "burst", (TraceEvent(0.0, 0.0, APPEND, PROMPT),),
+    return [QueryTrace(f"burst-{i}", "crawler", "burst", (TraceEvent(0.0, 0.0, ContextOp.APPEND, PROMPT),),
                        QUESTION, 2) for i in range(REQUESTS)]
 
 
@@ -44,7 +43,7 @@ async def test_simulated_ttft_of_a_burst_matches_the_engine():
         measured = (await replay(engine, traces, arrivals, streaming=False))["ttft_s"]
     finally:
         await engine.shutdown()
-    sim_config = SimConfig("default_vllm", "non_streaming",
+    sim_config = SimConfig("default_vllm", PromptMode.ONESHOT,
                            SimEngineConfig(stats.kv_blocks_total, stats.block_size, BUDGET), 1, BURST_QPS, 0)
     predicted = simulate(traces, sim_config, cost).ttft_s
     assert len(predicted) == len(measured) == REQUESTS

@@ -2,30 +2,30 @@
 
 import pytest
 
-from stream2llm.data.traces import synthetic_crawler_traces, synthetic_vector_traces
+from stream2llm.data.traces import PromptMode, synthetic_crawler_traces, synthetic_vector_traces
 from scheduler.cost_model import CostModelError, MeasuredCostModel, Curve
 from scheduler.gpu_model import ParametricCostModel
 from scheduler.policies import POLICIES, UnknownPolicyError
-from scheduler.simulator import EngineConfig, SimConfig, SimEngine, simulate
+from scheduler.simulator import SimConfig, SimEngine, SimEngineConfig, simulate
 from scheduler.simulator.replay import SimConfigError
 
 COST = ParametricCostModel()
-TIGHT = EngineConfig(num_blocks=3000, block_size=16, max_num_tokens=4096, swap_pool_blocks=400)
+TIGHT = SimEngineConfig(num_blocks=3000, block_size=16, max_num_tokens=4096, swap_pool_blocks=400)
 
 
-def _run(traces, policy, mode="streaming", engine=TIGHT, **kw):
+def _run(traces, policy, mode=PromptMode.STREAM, engine=TIGHT, **kw):
     config = SimConfig(policy, mode, engine, qps=kw.pop("qps", 4.0), seed=kw.pop("seed", 0),
                        delay_multiplier=kw.pop("delay", 10.0), **kw)
     return simulate(traces, config, COST)
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-@pytest.mark.parametrize("mode", ["streaming", "non_streaming"])
+@pytest.mark.parametrize("mode", list(PromptMode))
 def test_all_requests_finish_under_pressure(policy, mode):
     traces = synthetic_crawler_traces(60, seed=2)
     result = _run(traces, policy, mode)
     assert len(result.ttft_s) == 60 and min(result.ttft_s) > 0
-    if mode == "streaming":
+    if mode == PromptMode.STREAM:
         assert sum(result.preemptions.values()) > 0  # 3000 blocks really is too small
     assert result.makespan_s >= max(t.duration_s * 10 for t in traces)
 
@@ -33,7 +33,7 @@ def test_all_requests_finish_under_pressure(policy, mode):
 def test_vector_updates_invalidate_tokens_only_when_streaming():
     traces = synthetic_vector_traces(40, seed=2)
     streaming = _run(traces, "lcas", delay=30.0, qps=2.0)
-    batch = _run(traces, "lcas", "non_streaming", delay=30.0, qps=2.0)
+    batch = _run(traces, "lcas", PromptMode.ONESHOT, delay=30.0, qps=2.0)
     assert streaming.tokens_invalidated > 0 and batch.tokens_invalidated == 0
     assert len(streaming.ttft_s) == len(batch.ttft_s) == 40
 
@@ -47,7 +47,7 @@ def test_deterministic_with_a_seed_and_seed_matters():
 
 def test_blocks_conserved_at_every_step():
     traces = synthetic_vector_traces(25, seed=4)
-    engine = SimEngine(POLICIES["mcps"](), COST, EngineConfig(800, 16, 2048, swap_pool_blocks=300))
+    engine = SimEngine(POLICIES["mcps"](), COST, SimEngineConfig(800, 16, 2048, swap_pool_blocks=300))
     from scheduler.simulator.replay import _Run
     from stream2llm.data.traces import poisson_arrivals
     run = _Run([t.stretched(30) for t in traces], poisson_arrivals(25, 2.0, 0), [engine], True)
@@ -72,7 +72,7 @@ def test_blocks_conserved_at_every_step():
 def test_cpu_cost_model_never_swaps():
     cpu = MeasuredCostModel(Curve([(16, 0.002), (2048, 0.3)]), device="cpu")
     traces = synthetic_crawler_traces(20, seed=1, tokens_scale=0.1)
-    config = SimConfig("fcfs", "streaming", EngineConfig(120, 16, 512, swap_pool_blocks=1000),
+    config = SimConfig("fcfs", PromptMode.STREAM, SimEngineConfig(120, 16, 512, swap_pool_blocks=1000),
                        qps=4.0, delay_multiplier=10.0)
     result = simulate(traces, config, cpu)
     assert result.preemptions["swap"] == 0 and result.preemptions["recompute"] > 0
@@ -90,11 +90,11 @@ def test_two_engines_share_the_load():
 
 def test_bad_config_is_rejected():
     with pytest.raises(UnknownPolicyError):
-        SimConfig("nope", "streaming", TIGHT)
-    with pytest.raises(SimConfigError, match="non_streaming"):
+        SimConfig("nope", PromptMode.STREAM, TIGHT)
+    with pytest.raises(SimConfigError, match="oneshot"):
         SimConfig("fcfs", "batch", TIGHT)
     with pytest.raises(SimConfigError):
-        SimConfig("fcfs", "streaming", TIGHT, num_engines=0)
+        SimConfig("fcfs", PromptMode.STREAM, TIGHT, num_engines=0)
 
 
 def test_busy_time_counts_recompute_where_the_makespan_cannot_tell():

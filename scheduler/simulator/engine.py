@@ -23,7 +23,7 @@ from scheduler.request import RequestView
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class SimEngineConfig:
     num_blocks: int
     block_size: int = 16
     max_num_tokens: int = 8192
@@ -31,7 +31,7 @@ class EngineConfig:
 
 
 @dataclass
-class EngineStats:
+class SimEngineStats:
     preemptions: dict[str, int] = field(default_factory=lambda: {"recompute": 0, "swap": 0})
     tokens_invalidated: int = 0
     tokens_recomputed: int = 0
@@ -48,7 +48,7 @@ class StepOutcome:
 
 
 class SimEngine:
-    def __init__(self, policy: Policy, cost: CostModel, config: EngineConfig):
+    def __init__(self, policy: Policy, cost: CostModel, config: SimEngineConfig):
         self.cost, self.config = cost, config
         self.queue = PolicyQueue(policy)
         self.degrade = policy.degrade_evicted_streams
@@ -58,7 +58,7 @@ class SimEngine:
         self.views: dict[str, RequestView] = {}
         self._high_water: dict[str, int] = {}  # tokens once computed and still valid content
         self._admissions = 0
-        self.stats = EngineStats()
+        self.stats = SimEngineStats()
 
     def add_request(self, view: RequestView) -> None:
         self.views[view.request_id] = view

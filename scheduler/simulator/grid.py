@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from stream2llm.data.traces import (read_crawler_csv, read_vector_csv, synthetic_crawler_traces,
                                synthetic_vector_traces)
-from scheduler.simulator import EngineConfig, SimConfig, simulate
+from scheduler.simulator import SimConfig, SimEngineConfig, simulate
 
 GENERATORS = {"crawler": synthetic_crawler_traces, "vector": synthetic_vector_traces}
 READERS = {"crawler": read_crawler_csv, "vector": read_vector_csv}
 
 
-def run_grid(traces, cost, *, policies, modes, qps, seed, delay, engine: EngineConfig,
+def run_grid(traces, cost, *, policies, modes, qps, seed, delay, engine: SimEngineConfig,
              engines: int = 1, echo=print) -> dict:
     """results[mode][policy] = summary dict."""
     results: dict = {}

@@ -15,15 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stream2llm.data.traces import QueryTrace, lcp_tokens, poisson_arrivals
+from stream2llm.data.traces import ContextOp, PromptMode, QueryTrace, lcp_tokens, poisson_arrivals
 from scheduler.cost_model import CostModel
 from scheduler.policies import make_policy
 from scheduler.request import RequestView
-from scheduler.simulator.engine import EngineConfig, SimEngine
-
-STREAMING, NON_STREAMING = "streaming", "non_streaming"
-MODES = (STREAMING, NON_STREAMING)
-
+from scheduler.simulator.engine import SimEngine, SimEngineConfig
 
 class SimConfigError(ValueError):
     """Bad simulation parameters."""
@@ -32,16 +28,16 @@ class SimConfigError(ValueError):
 @dataclass(frozen=True)
 class SimConfig:
     policy: str
-    mode: str
-    engine: EngineConfig
+    mode: PromptMode
+    engine: SimEngineConfig
     num_engines: int = 1
     qps: float = 1.0
     seed: int = 0
     delay_multiplier: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise SimConfigError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
+        if self.mode not in PromptMode.__members__.values():
+            raise SimConfigError(f"unknown mode {self.mode!r}; valid: {', '.join(PromptMode)}")
         if self.num_engines < 1:
             raise SimConfigError(f"need at least one engine, got {self.num_engines}")
         make_policy(self.policy)  # raises UnknownPolicyError listing the valid names
@@ -92,7 +88,7 @@ def simulate(traces: Sequence[QueryTrace], config: SimConfig, cost: CostModel) -
     arrivals = poisson_arrivals(len(traces), config.qps, config.seed)
     engines = [SimEngine(make_policy(config.policy), cost, config.engine)
                for _ in range(config.num_engines)]
-    run = _Run(traces, arrivals, engines, config.mode == STREAMING)
+    run = _Run(traces, arrivals, engines, config.mode == PromptMode.STREAM)
     run.loop()
     return run.result(config, started)
 
@@ -137,10 +133,10 @@ class _Run:
             self.asked_at[request_id] = now
         if request_id not in engine.views:
             tokens = trace.total_context_tokens() if not self.streaming else (
-                event.num_tokens + (trace.question_tokens if last and event.kind == "append" else 0))
+                event.num_tokens + (trace.question_tokens if last and event.kind == ContextOp.APPEND else 0))
             engine.add_request(RequestView(request_id, q, now, now, tokens, complete=last,
                                            max_output_tokens=trace.output_tokens))
-        elif event.kind == "append":
+        elif event.kind == ContextOp.APPEND:
             engine.append(request_id, now, event.num_tokens + (trace.question_tokens if last else 0), last)
         else:
             previous = trace.events[index - 1].doc_ids

@@ -24,11 +24,28 @@ import csv
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
 
-APPEND, REPLACE = "append", "replace"
+
+
+class ContextOp(StrEnum):
+    """How a piece changes a session's context, everywhere (traces, engine, pipeline, HTTP events):
+    `append` extends it; `replace` swaps it whole, keeping the KV of the longest common prefix."""
+
+    APPEND = "append"
+    REPLACE = "replace"
+
+
+class PromptMode(StrEnum):
+    """How a session's prompt reaches the engine, everywhere (HTTP `prompt_mode`, simulator,
+    benchmark results): `stream` prefills context as it arrives; `oneshot`, the baseline a plain
+    vLLM server gives, sends the whole prompt once retrieval is done."""
+
+    STREAM = "stream"
+    ONESHOT = "oneshot"
 
 
 class TraceFormatError(ValueError):
@@ -39,7 +56,7 @@ class TraceFormatError(ValueError):
 class TraceEvent:
     start_s: float  # when retrieval of this piece began (seconds from query start)
     end_s: float  # when the piece became available (emit time)
-    kind: str  # "append" | "replace"
+    kind: ContextOp
     num_tokens: int  # append: tokens of the chunk; replace: tokens of the whole new context
     text: str = ""
     doc_ids: tuple[str, ...] = ()
@@ -146,12 +163,12 @@ def synthetic_crawler_traces(n: int, seed: int, **shape_overrides) -> list[Query
     for q in range(n):
         scrapes = max(1, int(rng.poisson(p["mean_scrapes"])))
         t = float(rng.uniform(0.5, 1.5) * p["search_s"])
-        events = [TraceEvent(0.0, t, APPEND, _scaled(rng.uniform(0.5, 1.5) * p["search_tokens"],
+        events = [TraceEvent(0.0, t, ContextOp.APPEND, _scaled(rng.uniform(0.5, 1.5) * p["search_tokens"],
                              p["tokens_scale"]), doc_ids=(f"q{q}-search",), source="tavily_search")]
         for i in range(scrapes):
             gap = float(_lognormal(rng, p["gap_median_s"], p["gap_mean_s"]))
             tokens = _lognormal(rng, p["page_tokens"] * 0.85, p["page_tokens"])
-            events.append(TraceEvent(t, t + gap, APPEND, _scaled(tokens, p["tokens_scale"]),
+            events.append(TraceEvent(t, t + gap, ContextOp.APPEND, _scaled(tokens, p["tokens_scale"]),
                                      doc_ids=(f"q{q}-page{i}",), source="page_scrape"))
             t += gap
         traces.append(QueryTrace(f"crawler-{seed}-{q}", "crawler", f"synthetic crawler query {q}",
@@ -188,7 +205,7 @@ def synthetic_vector_traces(n: int, seed: int, **shape_overrides) -> list[QueryT
                 keep = int(rng.integers(p["top_k"] // 2, p["top_k"]))  # stable order: tail changes
                 docs = docs[:keep] + [new_doc() for _ in range(p["top_k"] - keep)]
             tokens = sum(doc_tokens[d] for d in docs) + question
-            events.append(TraceEvent(events[-1].end_s if events else 0.0, t, REPLACE, tokens,
+            events.append(TraceEvent(events[-1].end_s if events else 0.0, t, ContextOp.REPLACE, tokens,
                                      doc_ids=tuple(docs), source="vector"))
         traces.append(QueryTrace(f"vector-{seed}-{q}", "vector", f"synthetic vector query {q}",
                                  tuple(events), question, p["output_tokens"], doc_tokens))
@@ -210,7 +227,7 @@ def read_crawler_csv(path, count_tokens: Callable[[str], int] = _approx_tokens,
             content = row["content"] or ""
             tokens = int(row["numTokens"]) if row.get("numTokens") else count_tokens(content)
             by_query.setdefault(row["query"], []).append(TraceEvent(
-                _float(row["startTime"], path), _float(row["endTime"], path), APPEND, tokens,
+                _float(row["startTime"], path), _float(row["endTime"], path), ContextOp.APPEND, tokens,
                 text=content, doc_ids=(row["type"],), source=row["type"]))
     return [QueryTrace(f"{Path(path).stem}-{i}", "crawler", query,
                        tuple(sorted(events, key=lambda e: e.end_s)), question_tokens, output_tokens)
@@ -243,7 +260,7 @@ def read_vector_csv(path, doc_tokens: Mapping[str, int] | Callable[[str], int] |
     traces = []
     for i, (query, rows) in enumerate(by_query.items()):
         tokens = {d: _doc_tokens(d, doc_tokens, default_doc_tokens) for _, _, pool in rows for d in pool}
-        events = tuple(TraceEvent(s, e, REPLACE, sum(tokens[d] for d in pool) + question_tokens,
+        events = tuple(TraceEvent(s, e, ContextOp.REPLACE, sum(tokens[d] for d in pool) + question_tokens,
                                   doc_ids=pool, source="vector")
                        for s, e, pool in sorted(rows, key=lambda r: r[1]))
         traces.append(QueryTrace(f"{Path(path).stem}-{i}", "vector", query, events,
