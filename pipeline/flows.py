@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pipeline.answers import AnswerEnd
 from pipeline.errors import LimitExceeded, unwrap
@@ -22,7 +24,26 @@ from pipeline.sources import (AppendChunk, Done, ReplaceContext, SourceError, ci
                               open_source, source_type)
 from stream2llm.data.traces import ContextOp
 
+if TYPE_CHECKING:
+    from pipeline.client import EngineClient
+    from pipeline.metrics import PipelineMetrics
+    from pipeline.prompt import PromptTemplate
+    from pipeline.retriever_actors import RetrieverActors
+    from pipeline.session_store import SessionStore
+
 INLINE_SOURCES = ("documents", "corpus")  # built in the ingress (client-side retrieval)
+
+
+@dataclass(frozen=True)
+class FlowContext:
+    """What a flow uses of its ingress replica, handed over by it: nothing else is reached for."""
+
+    client: EngineClient
+    sessions: SessionStore
+    metrics: PipelineMetrics
+    actors: RetrieverActors
+    template: PromptTemplate
+    context_limit: int  # tokens a session may hold (AppConfig.context_limit)
 
 
 def answer_event_id(session_id: str, replica_id: str, tokens: int) -> str:
@@ -37,28 +58,28 @@ def parse_event_id(event_id: str) -> tuple[str, str, int] | None:
     return parts[0], parts[1], int(parts[2])
 
 
-async def answer_events(ing, session: SessionLog, question: str, sampling: dict, endpoint: str):
+async def answer_events(ctx: FlowContext, session: SessionLog, question: str, sampling: dict, endpoint: str):
     """Yield ("token", delta, id) ... ("final", summary, id); the session is finished either way."""
     finished = False
     try:
         async with session.lock:
             session.touch()
             stats: dict = {}
-            async for event in token_events(ing.client.finish(session, question, sampling), stats, session):
+            async for event in token_events(ctx.client.finish(session, question, sampling), stats, session):
                 yield event
             finished = True
-        ing.metrics.observe_final(endpoint, stats)
+        ctx.metrics.observe_final(endpoint, stats)
         if session.recovered:
-            ing.metrics.recovered.inc()
+            ctx.metrics.recovered.inc()
         yield "final", final_event(session, stats), answer_event_id(
             session.session_id, session.replica_id, stats.get("output_tokens") or 0)
     except Exception:  # not a lost reader (that is a cancellation): nobody resumes this answer
-        await cleanup(_abort(ing, session))
+        await cleanup(_abort(ctx, session))
         raise
     finally:
         if not finished:  # its replica ends the answer (done, or no reader within the grace period)
-            ing.metrics.aborted.labels("cut_short").inc()
-        await cleanup(ing.client.release(session, session.context_tokens if finished else None))
+            ctx.metrics.aborted.labels("cut_short").inc()
+        await cleanup(ctx.client.release(session, session.context_tokens if finished else None))
 
 
 async def token_events(items, stats: dict, session: SessionLog | None = None):
@@ -73,11 +94,11 @@ async def token_events(items, stats: dict, session: SessionLog | None = None):
         yield "token", {"text": item.text, "token_ids": item.token_ids, "finish_reason": item.finish_reason}, event_id
 
 
-async def resume_events(ing, session_id: str, replica_id: str, after_tokens: int):
+async def resume_events(ctx: FlowContext, session_id: str, replica_id: str, after_tokens: int):
     """The rest of an answer from the replica that holds it (any ingress can serve this)."""
     session = SessionLog(session_id, "", replica_id)
     stats: dict = {}
-    async for event in token_events(ing.client.resume(session, after_tokens), stats, session):
+    async for event in token_events(ctx.client.resume(session, after_tokens), stats, session):
         yield event
     yield "final", {**final_event(session, stats), "resumed": True}, answer_event_id(
         session_id, replica_id, stats.get("output_tokens") or 0)
@@ -94,9 +115,9 @@ def cleanup(coro):
     return asyncio.shield(task)
 
 
-async def _abort(ing, session: SessionLog) -> None:
+async def _abort(ctx: FlowContext, session: SessionLog) -> None:
     try:
-        await ing.client.abort(session)
+        await ctx.client.abort(session)
     except Exception:  # best effort: the replica's TTL sweep frees it otherwise
         pass
 
@@ -118,68 +139,68 @@ def final_event(session: SessionLog, stats: dict) -> dict:
     }
 
 
-async def rag_events(ing, request):
+async def rag_events(ctx: FlowContext, request):
     """Open a session, stream the source's context into it as it arrives, then answer."""
     started = time.monotonic()
-    session = await ing.client.open(source_type(request.source))
+    session = await ctx.client.open(source_type(request.source))
     handed_over = False
     try:
         async with session.lock:
-            async for item in _context(ing, session, request):
+            async for item in _context(ctx, session, request):
                 yield item
         retrieval_s = time.monotonic() - started
         handed_over = True
         sampling = request.sampling.model_dump()
-        async for name, data, event_id in answer_events(ing, session, ing.template.footer(request.question),
+        async for name, data, event_id in answer_events(ctx, session, ctx.template.footer(request.question),
                                                         sampling, "rag"):
             if name == "final":
                 data = {**data, "retrieval_s": round(retrieval_s, 4)}
             yield name, data, event_id
     finally:
         if not handed_over:
-            await cleanup(_abort(ing, session))
+            await cleanup(_abort(ctx, session))
 
 
-async def _context(ing, session: SessionLog, request):
+async def _context(ctx: FlowContext, session: SessionLog, request):
     """Context events with ids: from the replica (retriever sources) or built here (inline)."""
     n = 0
     if request.source.type in INLINE_SOURCES:
-        await ing.client.add(session, ContextOp.APPEND, ing.template.header)
-        events = _inline_context(ing, session, open_source(request.source, request.question, ing.actors))
+        await ctx.client.add(session, ContextOp.APPEND, ctx.template.header)
+        events = _inline_context(ctx, session, open_source(request.source, request.question, ctx.actors))
     else:
-        call = await ing.actors.call(request.source, request.question)
-        events = _replica_context(ing, session, call)
+        call = await ctx.actors.call(request.source, request.question)
+        events = _replica_context(ctx, session, call)
     async for name, data in events:
         n += 1
         yield name, data, f"{session.session_id}.c{n}"
 
 
-async def _inline_context(ing, session: SessionLog, events):
+async def _inline_context(ctx: FlowContext, session: SessionLog, events):
     async def add(session: SessionLog, op: ContextOp, text: str) -> int:
-        ing.metrics.ingress_chunk_bytes.inc(len(text.encode()))  # inline sources' text passes here
-        return await ing.client.add(session, op, text)
+        ctx.metrics.ingress_chunk_bytes.inc(len(text.encode()))  # inline sources' text passes here
+        return await ctx.client.add(session, op, text)
 
-    async for item in context_items(ing, session, events, add):
+    async for item in context_items(ctx, session, events, add):
         yield item
 
 
-async def context_items(ing, session: SessionLog, events, add):
+async def context_items(ctx: FlowContext, session: SessionLog, events, add):
     """The (event, data) pairs of retrieval `events` applied to the session with `add`, up to
     the retrieval's end (`Done`)."""
     async for event in events:
-        item = await context_event(ing, session, event, add)
+        item = await context_event(ctx, session, event, add)
         if item is not None:
             yield item
         if isinstance(event, Done):
             return
 
 
-async def _replica_context(ing, session: SessionLog, call):
-    async for name, data in ing.client.stream_context(session, call):
+async def _replica_context(ctx: FlowContext, session: SessionLog, call):
+    async for name, data in ctx.client.stream_context(session, call):
         if name == "context":
             _cite(session, data["mode"], data["sources"])
             session.retrieved_chunks += 1
-            ing.metrics.replica_chunks.inc()
+            ctx.metrics.replica_chunks.inc()
             session.context_tokens = data["context_tokens"]
         yield name, data
 
@@ -191,7 +212,7 @@ def _cite(session: SessionLog, op: ContextOp, sources: list[dict]) -> None:
         session.sources[:] = sources
 
 
-async def context_event(ing, session: SessionLog, event, add):
+async def context_event(ctx: FlowContext, session: SessionLog, event, add):
     """Forward one retrieval event with `add(session, op, text) -> context tokens`; the
     (event, data) pair to send to the client, or None."""
     if isinstance(event, SourceError):
@@ -200,9 +221,9 @@ async def context_event(ing, session: SessionLog, event, add):
         return "retrieval_done", dict(event.summary)
     if not isinstance(event, (AppendChunk, ReplaceContext)):
         return None
-    op, text = context_change(event, ing.template.header)
+    op, text = context_change(event, ctx.template.header)
     try:
-        ing.sessions.check_chunk_room(session)
+        ctx.sessions.check_chunk_room(session)
         tokens = await add(session, op, text)
     except Exception as e:
         # Over a limit: the session keeps the context it has and the answer uses that.

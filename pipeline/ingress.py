@@ -26,12 +26,12 @@ from pipeline.central import SchedulerUnavailable, get_or_create_scheduler, sche
 from pipeline.client import EngineClient
 from pipeline.config import AppConfig
 from pipeline.errors import AdmissionRejected, BadRequest, unwrap
-from pipeline.flows import answer_events, cleanup, parse_event_id, rag_events, resume_events
+from pipeline.flows import FlowContext, answer_events, cleanup, parse_event_id, rag_events, resume_events
 from pipeline.http_util import (LimitsMiddleware, error_response, event_stream, first_then_rest,
                                 http_exception_response, validation_response)
 from pipeline.metrics import PipelineMetrics
 from pipeline.oneshot import oneshot_rag_events
-from pipeline.prompt import PromptTemplate, fetch_template
+from pipeline.prompt import fetch_template
 from pipeline.retriever_actors import RetrieverActors
 from pipeline.schemas import (BODY_ERRORS, HEALTH_RESPONSES, ChatCompletionRequest, ChunkBody, CompletionRequest,
                               FinishBody, OpenStream, RagRequest, ReplaceBody, error_responses, event_stream_or_json,
@@ -55,7 +55,6 @@ class Ingress:
         self.client = EngineClient(engine_handle, self.scheduler, self.config.limits.admission_timeout_s,
                                    self.config.context_limit)
         self.handle = engine_handle
-        self.template: PromptTemplate | None = None  # the model's RAG prompt text, from a replica
         # Session records live in shard actors (any ingress replica serves any session); idle
         # sessions are dropped there and aborted by their replicas after the TTL.
         self.sessions = SessionStore(self.config)
@@ -64,6 +63,15 @@ class Ingress:
         self.ingress_id = serve.get_replica_context().replica_id.unique_id
         LimitsMiddleware.configure(self.config.limits.max_request_bytes, self.config.auth.bearer_tokens,
                                    self.ingress_id)
+        self._flow_context: FlowContext | None = None
+
+    async def _flow(self) -> FlowContext:
+        """The collaborators of the flows; the model's RAG prompt text comes from a replica, once."""
+        if self._flow_context is None:
+            template = await fetch_template(self.handle)
+            self._flow_context = FlowContext(self.client, self.sessions, self.metrics, self.actors, template,
+                                             self.config.context_limit)
+        return self._flow_context
 
     async def _run(self, coro, openai: bool = False):
         try:
@@ -79,7 +87,7 @@ class Ingress:
         if parsed is None or (session_id is not None and parsed[0] != session_id):
             raise BadRequest(f"Last-Event-ID {last_event_id!r} is not an answer event of this session "
                              "(context events cannot be resumed: ask again)")
-        events = await first_then_rest(resume_events(self, *parsed))
+        events = await first_then_rest(resume_events(await self._flow(), *parsed))
         return event_stream(events) if stream else await _collect(events)
 
 
@@ -120,12 +128,11 @@ class IngressRoutes(Ingress):
 
     async def _rag(self, body: RagRequest):
         self.config.check_answer_length(body.sampling.max_tokens)
-        if self.template is None:
-            self.template = await fetch_template(self.handle)
+        flow = await self._flow()
         if body.prompt_mode == PromptMode.ONESHOT:
-            events = oneshot_rag_events(self, body, source_type(body.source))
+            events = oneshot_rag_events(flow, body, source_type(body.source))
         else:
-            events = rag_events(self, body)
+            events = rag_events(flow, body)
         events = await first_then_rest(events)
         if body.stream:
             return event_stream(events)
@@ -196,7 +203,7 @@ class IngressRoutes(Ingress):
     async def _finish(self, session_id: str, body: FinishBody):
         self.config.check_answer_length(body.sampling.max_tokens)
         session = await self.sessions.finish(session_id)  # exactly one finish wins; the rest get 409
-        events = answer_events(self, session, body.question, body.sampling.model_dump(), "streams")
+        events = answer_events(await self._flow(), session, body.question, body.sampling.model_dump(), "streams")
         events = await first_then_rest(events)
         return event_stream(events) if body.stream else await _collect(events)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from pipeline.errors import LimitExceeded
-from pipeline.flows import cleanup, context_items, final_event, token_events
+from pipeline.flows import FlowContext, cleanup, context_items, final_event, token_events
 from pipeline.sessions import SessionLog
 from pipeline.sources import open_source
 from stream2llm.data.traces import ContextOp, PromptMode
@@ -22,16 +22,16 @@ from stream2llm.data.traces import ContextOp, PromptMode
 class BufferedPrompt:
     """The pieces of a one-shot prompt as token ids, kept in the ingress until retrieval ends."""
 
-    def __init__(self, ing):
-        self._ing = ing
+    def __init__(self, ctx: FlowContext):
+        self._ctx = ctx
         self._pieces: list[list[int]] = []
 
     async def add(self, session: SessionLog, op: ContextOp, text: str) -> int:
         """Same limit as a streamed session: the context it would hold after this piece."""
-        self._ing.metrics.ingress_chunk_bytes.inc(len(text.encode()))  # the baseline buffers text here
-        ids = await self._ing.client.tokenize(session, text)
+        self._ctx.metrics.ingress_chunk_bytes.inc(len(text.encode()))  # the baseline buffers text here
+        ids = await self._ctx.client.tokenize(session, text)
         total = len(ids) + (session.context_tokens if op == ContextOp.APPEND else 0)
-        limit = self._ing.config.context_limit
+        limit = self._ctx.context_limit
         if total > limit:
             raise LimitExceeded(f"context of {total} tokens exceeds the limit of {limit} tokens; "
                                 "the session keeps its previous context")
@@ -44,29 +44,29 @@ class BufferedPrompt:
         return [t for piece in self._pieces for t in piece] + footer
 
 
-async def oneshot_rag_events(ing, request, source_type: str):
+async def oneshot_rag_events(ctx: FlowContext, request, source_type: str):
     started = time.monotonic()
-    session_id, replica_id = await ing.client.admit(source_type)
+    session_id, replica_id = await ctx.client.admit(source_type)
     session = SessionLog(session_id, source_type, replica_id)
-    prompt = BufferedPrompt(ing)
+    prompt = BufferedPrompt(ctx)
     finished = False
     try:
-        await prompt.add(session, ContextOp.APPEND, ing.template.header)
-        async for item in context_items(ing, session, open_source(request.source, request.question, ing.actors),
+        await prompt.add(session, ContextOp.APPEND, ctx.template.header)
+        async for item in context_items(ctx, session, open_source(request.source, request.question, ctx.actors),
                                         prompt.add):
             yield item
         retrieval_s = time.monotonic() - started
-        footer = await ing.client.tokenize(session, ing.template.footer(request.question))
+        footer = await ctx.client.tokenize(session, ctx.template.footer(request.question))
         stats: dict = {}
-        answer = ing.client.generate(session, prompt.token_ids(footer), request.sampling.model_dump())
+        answer = ctx.client.generate(session, prompt.token_ids(footer), request.sampling.model_dump())
         async for event in token_events(answer, stats):
             yield event
         finished = True
-        ing.metrics.observe_final("rag_oneshot", stats)
+        ctx.metrics.observe_final("rag_oneshot", stats)
         yield "final", {**final_event(session, {**stats, "tokens_prefilled_before_finish": 0}),
                         "retrieval_s": round(retrieval_s, 4), "prompt_mode": PromptMode.ONESHOT}
     finally:
         if not finished:
-            ing.metrics.aborted.labels("cut_short").inc()
+            ctx.metrics.aborted.labels("cut_short").inc()
         # Cancelling the generate stream aborts its engine request; only the admission is left.
-        await cleanup(ing.client.release(session, session.context_tokens if finished else None))
+        await cleanup(ctx.client.release(session, session.context_tokens if finished else None))
