@@ -13,10 +13,10 @@ from pipeline.config import AppConfig
 pytestmark = pytest.mark.timeout(300)
 
 
-def config(**scheduler):
+def config(name: str, **scheduler):
     return AppConfig.model_validate({
         "limits": {"max_queue": 0, "admission_timeout_s": 1.0},
-        "scheduler": {"actor_name": "test_central", "demand_priors": {"client": 160}, **scheduler}})
+        "scheduler": {"actor_name": name, "demand_priors": {"client": 160}, **scheduler}})
 
 
 def report(rid, used=0, sessions=None):
@@ -35,12 +35,25 @@ def wait_for(predicate, timeout_s=60.0):
 
 
 @pytest.fixture(scope="module")
-def central():
+def local_ray():
     ray.init(num_cpus=1, include_dashboard=False, namespace="stream2llm")
     try:
-        yield get_or_create_scheduler(config())
+        yield
     finally:
         ray.shutdown()
+
+
+@pytest.fixture
+def central_name(request) -> str:
+    """An actor of its own per test: no test sees another's replicas or placements, in any order."""
+    return "test_central_" + "".join(c if c.isalnum() else "_" for c in request.node.name)
+
+
+@pytest.fixture
+def central(local_ray, central_name):
+    handle = get_or_create_scheduler(config(central_name))
+    yield handle
+    ray.kill(handle, no_restart=True)
 
 
 def test_admit_request_drain_and_release(central):
@@ -59,9 +72,9 @@ def test_admit_request_drain_and_release(central):
     ray.get(central.drain.remote("a", False))
 
 
-def test_redeploy_settings_take_effect_and_survive_a_restart(central):
+def test_redeploy_settings_take_effect_and_survive_a_restart(central, central_name):
     assert ray.get(central.configure.remote({}))["max_queue"] == 0
-    handle = get_or_create_scheduler(config(grace_s=3.0))  # a redeploy with new settings
+    handle = get_or_create_scheduler(config(central_name, grace_s=3.0))  # a redeploy with new settings
     assert handle._actor_id == central._actor_id
     wait_for(lambda: ray.get(handle.configure.remote({}))["grace_s"] == 3.0)
     started = ray.get(handle.ping.remote())["started_at"]
@@ -73,7 +86,8 @@ def test_redeploy_settings_take_effect_and_survive_a_restart(central):
 
 
 def test_health_check_has_a_timeout(central):
-    assert asyncio.run(scheduler_health(central, timeout_s=30.0))["replicas"] >= 1
+    ray.get(central.report.remote(report("h1")))
+    assert asyncio.run(scheduler_health(central, timeout_s=30.0))["replicas"] == 1
 
     @ray.remote(num_cpus=0)
     class Stuck:
@@ -95,7 +109,7 @@ def test_drain_replica_stops_new_placements_there(central):
     from pipeline.central_client import drain_replica
 
     ray.get(central.report.remote(report("d1")))
-    ray.get(central.report.remote(report("d2", used=5)))  # the roomiest after d1 (other tests' replicas are fuller)
+    ray.get(central.report.remote(report("d2", used=5)))  # the roomiest after d1
     assert ray.get(central.admit.remote("held", "client", 1.0, tokens=16)) == {"replica_id": "d1"}
     assert asyncio.run(drain_replica(central, "d1")) == 1  # "held" is still placed there
     assert ray.get(central.replicas.remote())["d1"]["draining"] is True
