@@ -64,6 +64,11 @@ class RetrieverSettings(_Section):
     vector_index: str | None = Field(None, description="FAISS index folder (default: cache).")
     trace_dir: str | None = Field(None, description="Folder of recorded traces (default: cache).")
     trace_multiplier: float = Field(1.0, gt=0, description="Trace replay delay multiplier.")
+    replace_settle_s: float = Field(0.1, ge=0, description=(
+        "A source's context replacement is prefilled once no newer one came for this long (or at "
+        "once when another event comes, such as the end of retrieval): a progressive search refines "
+        "its result tens of ms apart, and each refinement prefilled is work the next makes useless. "
+        "0: prefill every replacement as it comes."))
     num_cpus: float = Field(0.0, ge=0, description="CPUs of each retriever actor.")
     vector_num_gpus: float = Field(0.0, ge=0, le=1, description=(
         "GPU share of the vector actor: > 0 runs FAISS (faiss-gpu) and the query embedder on the GPU "

@@ -23,7 +23,8 @@ from pipeline.central import get_or_create_scheduler
 from pipeline.central_client import drain_replica
 from pipeline.config import AppConfig
 from pipeline.errors import ContextLimitExceeded, SessionConflict, SessionGone, context_limit_errors
-from pipeline.replica_context import ContextLimits, RetrieverCall, Tokenizer, coalesce, pull, pump
+from pipeline.replica_context import (ContextLimits, RetrieverCall, Tokenizer, coalesce, pull, pump,
+                                      settle_replacements)
 from stream2llm.data.traces import ContextOp
 
 log = logging.getLogger("stream2llm.replica")
@@ -79,14 +80,16 @@ class EngineReplica:
             self._touch(session_id)
 
     async def stream_context(self, session_id: str, call: RetrieverCall, route_to=None):
-        """Pull a retriever actor's stream into the session (prefilling each piece as it comes);
-        yield (event, data) summaries: context, context_skipped, source_error, retrieval_done."""
+        """Pull a retriever actor's stream into the session (prefilling each piece as it comes, a
+        replacement once it settles); yield (event, data) summaries: context, context_skipped,
+        source_error, retrieval_done."""
         self._known(session_id)
         self._busy.add(session_id)
         limits = ContextLimits(self._config.limits.max_chunks_per_session, self._config.context_limit)
         try:
+            events = settle_replacements(pull(call), self._config.retrievers.replace_settle_s)
             async for item in pump(self._engine, self._tokenize, session_id, await self._prompt_header(),
-                                   pull(call), limits):
+                                   events, limits):
                 yield item
         finally:
             self._busy.discard(session_id)

@@ -61,6 +61,43 @@ async def pull(call: RetrieverCall) -> AsyncIterator:
                 log.debug("cancelling a retriever stream failed: %r", e)
 
 
+async def settle_replacements(events: AsyncIterator, settle_s: float) -> AsyncIterator:
+    """`events`, each `ReplaceContext` held until `settle_s` passes without a newer one (which
+    supersedes it unseen) or another event comes (which it precedes). A progressive search refines
+    its result tens of milliseconds apart: prefilling every refinement is work the next one makes
+    useless, and on a CPU one such step outlasts the whole search."""
+    if settle_s <= 0:
+        async for event in events:
+            yield event
+        return
+    source, held, waiting = events.__aiter__(), None, None
+    try:
+        while True:
+            waiting = waiting or asyncio.ensure_future(source.__anext__())
+            done, _ = await asyncio.wait({waiting}, timeout=settle_s if held is not None else None)
+            if not done:  # quiet long enough: the held replacement stands
+                event, held = held, None
+                yield event
+                continue
+            finished, waiting = waiting, None
+            try:
+                event = finished.result()
+            except StopAsyncIteration:
+                break
+            if isinstance(event, ReplaceContext):
+                held = event
+                continue
+            if held is not None:
+                earlier, held = held, None
+                yield earlier
+            yield event
+        if held is not None:
+            yield held
+    finally:
+        if waiting is not None:
+            waiting.cancel()
+
+
 class Tokenizer:
     """Tokenizes off the event loop, on one worker thread (one encode at a time: HF fast
     tokenizers must not be used from several threads at once)."""

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.answers import AnswerCancelled, AnswerEnd, AnswerLog, AnswerLogs, AnswerPiece
 from pipeline.flows import answer_event_id, parse_event_id
-from pipeline.replica_context import ContextLimits, coalesce, pump
+from pipeline.replica_context import ContextLimits, coalesce, pump, settle_replacements
 from pipeline.router import _waits_for
 from retrievers.events import AppendChunk, Chunk, Done, ReplaceContext, SourceError
 from stream2llm.data.traces import ContextOp
@@ -205,3 +205,59 @@ def test_a_failing_retriever_is_a_source_error_not_a_dead_replica():
     events = _run(go())
     assert isinstance(events[0], AppendChunk) and isinstance(events[1], SourceError)
     assert isinstance(events[2], Done) and events[2].summary["error"] == "ActorDiedError"
+
+
+def _timed(*steps):
+    """An event source: each step is an event, or seconds to wait (asyncio timers fire in order
+    whatever the load, so the outcomes below do not depend on the machine's speed)."""
+    async def source():
+        for step in steps:
+            if isinstance(step, (int, float)):
+                await asyncio.sleep(step)
+            else:
+                yield step
+    return source()
+
+
+def _names(events):
+    return [getattr(e, "chunks", None) and e.chunks[0].source_id or type(e).__name__ for e in events]
+
+
+def _settled(source, settle_s):
+    async def go():
+        return [e async for e in settle_replacements(source, settle_s)]
+    return _run(go())
+
+
+def _replace(name):
+    return ReplaceContext((Chunk("t", name, name, name),))
+
+
+def test_settle_keeps_only_the_last_of_a_burst_of_replacements():
+    burst = _timed(_replace("r1"), 0.01, _replace("r2"), 0.01, _replace("r3"), Done({}))
+    assert _names(_settled(burst, 0.5)) == ["r3", "Done"]  # the end of retrieval releases r3 at once
+    burst = _timed(_replace("r1"), 0.01, _replace("r2"), Done({}))
+    assert _names(_settled(burst, 0.0)) == ["r1", "r2", "Done"]  # 0: every replacement
+
+
+def test_settle_releases_a_replacement_after_a_quiet_spell_and_keeps_the_order():
+    source = _timed(_replace("r1"), 0.4, _replace("r2"), AppendChunk("a", "a1", "d", "T"), 0.3, Done({}))
+    assert _names(_settled(source, 0.1)) == ["r1", "r2", "AppendChunk", "Done"]
+
+
+def test_settle_stops_its_source_when_the_reader_leaves():
+    state = {"closed": False}
+
+    async def source():
+        try:
+            yield _replace("r1")
+            await asyncio.sleep(3600)
+        finally:
+            state["closed"] = True
+
+    async def go():
+        async for event in settle_replacements(source(), 0.05):
+            return event  # the reader leaves after the first settled event
+
+    assert _names([_run(go())]) == ["r1"]
+    assert state["closed"]

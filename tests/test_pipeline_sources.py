@@ -52,7 +52,8 @@ def setup(tmp_path_factory):
         "model": {"model": "smollm2", "max_model_len": 4096, "kv_cache_memory_bytes": 256 << 20},
         "replicas": {"min_replicas": 1, "max_replicas": 1, "num_cpus": 1.0, "report_interval_s": 0.5},
         "retrievers": {"crawler_max_pages": 3, "site_latency_scale": 0.1, "vector_index": str(index.path),
-                       "vector_top_k": TOP_K, "trace_dir": str(traces), "trace_multiplier": 0.1},
+                       "vector_top_k": TOP_K, "trace_dir": str(traces), "trace_multiplier": 0.1,
+                       "replace_settle_s": 0.0},  # every refinement prefilled: the replace path under test
         "limits": {"max_context_tokens": 3000},
     }
     with serve_app(config) as base:
