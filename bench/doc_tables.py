@@ -116,8 +116,14 @@ def engine_load(data: dict) -> str:
 def central(data: dict) -> str:
     rows = [[label, num(d["admits_per_s"]), ms(d["admit_p50_ms"]), ms(d["admit_p99_ms"]), num(d["actor_calls_per_admit"])]
             for label, d in (("batched (`CentralClient`)", data), ("one actor call per admission", data["unbatched"]))]
-    met = data["met"]
-    return (table(["", "admissions/s", "p50", "p99", "actor calls per admission"], rows) + "\n\n"
+    rtt = data.get("ray_round_trip")
+    if rtt:
+        rows.append(["bare Ray round trip (one caller, empty call)", MISSING, ms(rtt["p50_ms"]), ms(rtt["p99_ms"]), "1"])
+    met, spread = data["met"], data.get("spread")
+    runs = (f"Batched: median of {data['repeats']} runs (admissions/s {num(spread['admits_per_s'][0])} to "
+            f"{num(spread['admits_per_s'][1])}, p99 {ms(spread['admit_p99_ms'][0])} to "
+            f"{ms(spread['admit_p99_ms'][1])}). " if spread else "")
+    return (table(["", "admissions/s", "p50", "p99", "actor calls per admission"], rows) + "\n\n" + runs +
             f"{data['replicas']} simulated replicas reporting every {num(data['report_interval_s'])} s, "
             f"{data['open_sessions']:,} open sessions, {data['generators']} load processes x "
             f"{data['concurrency_per_generator']} concurrent callers; late report rounds {data['late_rounds']}. Targets: "

@@ -137,14 +137,15 @@ async def run_load(base: str, spec: LoadSpec, plans: list[Planned]) -> dict:
         stop = asyncio.Event()
         cluster = asyncio.create_task(poll_cluster(http, base, stop, t0))
         memory = asyncio.create_task(collect_memory(stop, t0))
-        kill = asyncio.create_task(kill_busiest_replica(http, base, t0, spec.kill_deadline_s)
+        kill_record: dict = {}
+        kill = asyncio.create_task(kill_busiest_replica(http, base, t0, spec.kill_deadline_s, kill_record)
                                    if spec.kill else asyncio.sleep(0, {"killed": False}))
         try:
             records = await asyncio.gather(*(send_session(http, base, p, t0, spec.session_timeout_s)
                                              for p in plans))
         finally:
             load_s = time.monotonic() - t0
-            killed = await _outcome_of(kill, {"killed": False, "reason": (
+            killed = await kill if kill_record else await _outcome_of(kill, {"killed": False, "reason": (
                 "the load ended first: no second replica and no deadline reached while a replica held a session")})
             drained = await drain(http, base, idle["kv_blocks_used"], spec.drain_timeout_s)
             if not drained["drained"]:  # a leak: is it freed by the replicas' idle-session TTL?

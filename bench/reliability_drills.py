@@ -145,18 +145,35 @@ def _kill(replica_id: str) -> None:
     ray.kill(actor, no_restart=True)
 
 
-async def kill_busiest_replica(http: httpx.AsyncClient, base: str, t0: float, deadline_s: float) -> dict:
+async def _out_of_routing_s(running_before: int | None, killed_at: float, timeout_s: float = 60.0) -> float | None:
+    """Seconds from the kill until Serve's controller no longer counts the replica as running: the
+    list it pushes to every router (long poll), so every router stops choosing it. None: not seen."""
+    while running_before and time.monotonic() - killed_at < timeout_s:
+        running = await asyncio.to_thread(running_replicas)
+        if running is not None and running < running_before:
+            return round(time.monotonic() - killed_at, 3)
+        await asyncio.sleep(0.05)
+    return None
+
+
+async def kill_busiest_replica(http: httpx.AsyncClient, base: str, t0: float, deadline_s: float,
+                               record: dict) -> dict:
     """Once two replicas report (or from `deadline_s` on, with one), kill the one holding the most
-    sessions. Runs until it has killed; the caller cancels it when the load ends first."""
+    sessions, then time how long until it is out of routing. Runs until it has killed; the caller
+    cancels it when the load ends first, and awaits it when `record` says the kill happened."""
     while True:
         with contextlib.suppress(httpx.HTTPError, ValueError):
             replicas = (await http.get(f"{base}/v1/cluster")).json()["replicas"]
             elapsed = time.monotonic() - t0
             busiest = max(replicas.items(), key=lambda kv: len(kv[1]["sessions"]), default=None)
             if busiest and busiest[1]["sessions"] and (len(replicas) >= 2 or elapsed >= deadline_s):
+                running = await asyncio.to_thread(running_replicas)
                 await asyncio.to_thread(_kill, busiest[0])
-                return {"killed": True, "replica_id": busiest[0], "at_s": round(elapsed, 2),
-                        "replicas_reporting": len(replicas), "sessions_on_victim": len(busiest[1]["sessions"])}
+                killed_at = time.monotonic()
+                record.update(killed=True, replica_id=busiest[0], at_s=round(elapsed, 2),
+                              replicas_reporting=len(replicas), sessions_on_victim=len(busiest[1]["sessions"]))
+                record["out_of_routing_s"] = await _out_of_routing_s(running, killed_at)
+                return record
         await asyncio.sleep(0.25)
 
 

@@ -32,7 +32,7 @@ def engine_deployment(config: AppConfig):
         "name": ENGINE_DEPLOYMENT,
         **config.placement().deployment_options(),
         "max_ongoing_requests": r.max_ongoing_requests,
-        "health_check_period_s": 5.0,
+        "health_check_period_s": r.health_check_period_s,
         # Scale-down: the replica's shutdown drains its open sessions (central marks it draining).
         "graceful_shutdown_timeout_s": r.drain_timeout_s,
         "request_router_config": RequestRouterConfig(

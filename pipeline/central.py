@@ -44,7 +44,7 @@ def _kv_key(actor_name: str) -> bytes:
     return f"stream2llm/central/{actor_name}".encode()
 
 
-@ray.remote(max_restarts=-1, max_task_retries=3)
+@ray.remote(max_restarts=-1, max_task_retries=3, enable_task_events=False)
 class CentralScheduler:
     def __init__(self, priors: dict, max_queue: int, stale_after_s: float, reserve_frac: float,
                  **settings):

@@ -7,13 +7,21 @@ call, under heavy load batches grow and calls per admission shrink). Releases go
 so the room they free is there for the admissions after them. An admission the actor cannot place
 at once is retried alone with `admit` (the call that waits in the bounded queue), so no batch waits
 on a queued session.
+
+A release is posted, not awaited: the caller (a request ending) goes on at once and the release
+rides the next batch. A release lost with a failed batch is not retried: the actor drops a
+placement that its replica's reports stop listing after its grace period, and a one-shot lease
+expires, so a lost release costs headroom for a few seconds, never a leak.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import ray
+
+log = logging.getLogger(__name__)
 
 
 class CentralClient:
@@ -23,7 +31,7 @@ class CentralClient:
         self.handle = handle
         self.max_batch = max_batch
         self._admits: list[tuple[dict, asyncio.Future]] = []
-        self._releases: list[tuple[tuple, asyncio.Future]] = []
+        self._releases: list[tuple[str, int | None]] = []
         self._sender: asyncio.Task | None = None
         self.calls = 0
 
@@ -39,15 +47,25 @@ class CentralClient:
     async def admit_request(self, request_id: str, tokens: int, timeout_s: float) -> dict:
         return await self.handle.admit_request.remote(request_id, tokens, timeout_s)
 
-    async def release(self, session_id: str, context_tokens: int | None = None) -> None:
-        await self._enqueue(self._releases, (session_id, context_tokens))
+    def release(self, session_id: str, context_tokens: int | None = None) -> None:
+        """Post a release (see the module docstring); call it from the client's event loop."""
+        self._releases.append((session_id, context_tokens))
+        self._start_sender()
+
+    async def flush(self) -> None:
+        """Wait until everything posted so far has reached the actor (tests, shutdown)."""
+        while self._sender is not None and not self._sender.done():
+            await asyncio.shield(self._sender)
 
     def _enqueue(self, pending: list, item) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         pending.append((item, future))
+        self._start_sender()
+        return future
+
+    def _start_sender(self) -> None:
         if self._sender is None or self._sender.done():
             self._sender = asyncio.get_running_loop().create_task(self._send())
-        return future
 
     async def _send(self) -> None:
         while self._admits or self._releases:
@@ -55,15 +73,15 @@ class CentralClient:
             admits, self._admits = self._admits[:self.max_batch], self._admits[self.max_batch:]
             try:
                 self.calls += 1
-                decisions = await self.handle.batch.remote([r for r, _ in releases], [a for a, _ in admits])
-            except Exception as e:  # every caller in the batch sees the actor's failure
-                for _, future in releases + admits:
+                decisions = await self.handle.batch.remote(releases, [a for a, _ in admits])
+            except Exception as e:  # every admission in the batch sees the actor's failure
+                if releases:
+                    log.warning("%d releases lost with a failed batch (%s); reconciliation drops them",
+                                len(releases), e)
+                for _, future in admits:
                     if not future.done():
                         future.set_exception(e)
                 continue
-            for _, future in releases:
-                if not future.done():
-                    future.set_result(None)
             for (_, future), decision in zip(admits, decisions):
                 if not future.done():
                     future.set_result(decision)

@@ -49,11 +49,11 @@ class EngineClient:
         try:
             info = await self._handle.open_session.remote(session_id, source_type, route_to=replica_id)
         except BaseException:
-            await self._central.release(session_id)
+            self._central.release(session_id)
             raise
         if info["replica_id"] != replica_id:  # routed elsewhere: its holder's next report adopts it
             log.warning("session %s opened on %s, not on %s", session_id, info["replica_id"], replica_id)
-            await self._central.release(session_id)
+            self._central.release(session_id)
         return SessionLog(session_id, source_type, info["replica_id"], info["node_id"])
 
     async def add(self, session: SessionLog, op: ContextOp, text: str) -> int:
@@ -163,10 +163,11 @@ class EngineClient:
                 raise
             return False
         finally:
-            await self._central.release(session.session_id)
+            self._central.release(session.session_id)
 
-    async def release(self, session: SessionLog, context_tokens: int | None) -> None:
-        await self._central.release(session.session_id, context_tokens)
+    def release(self, session: SessionLog, context_tokens: int | None) -> None:
+        """Post the session's release to the central scheduler (returns at once)."""
+        self._central.release(session.session_id, context_tokens)
 
 
 def reproducible(sampling: dict) -> bool:

@@ -79,7 +79,7 @@ async def answer_events(ctx: FlowContext, session: SessionLog, question: str, sa
     finally:
         if not finished:  # its replica ends the answer (done, or no reader within the grace period)
             ctx.metrics.aborted.labels("cut_short").inc()
-        await cleanup(ctx.client.release(session, session.context_tokens if finished else None))
+        ctx.client.release(session, session.context_tokens if finished else None)
 
 
 async def token_events(items, stats: dict, session: SessionLog | None = None):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from pipeline.errors import LimitExceeded
-from pipeline.flows import FlowContext, cleanup, context_items, final_event, token_events
+from pipeline.flows import FlowContext, context_items, final_event, token_events
 from pipeline.sessions import SessionLog
 from pipeline.sources import open_source
 from stream2llm.data.traces import ContextOp, PromptMode
@@ -69,4 +69,4 @@ async def oneshot_rag_events(ctx: FlowContext, request, source_type: str):
         if not finished:
             ctx.metrics.aborted.labels("cut_short").inc()
         # Cancelling the generate stream aborts its engine request; only the admission is left.
-        await cleanup(ctx.client.release(session, session.context_tokens if finished else None))
+        ctx.client.release(session, session.context_tokens if finished else None)

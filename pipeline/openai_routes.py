@@ -17,7 +17,6 @@ from fastapi.responses import StreamingResponse
 
 from pipeline.answers import AnswerEnd
 from pipeline.errors import AdmissionRejected, ModelNotFound, openai_error
-from pipeline.flows import cleanup
 from pipeline.schemas import ChatCompletionRequest, CompletionRequest
 
 CHARS_PER_TOKEN = 3  # admission estimate of a prompt's tokens (the ingress has no tokenizer)
@@ -69,8 +68,8 @@ async def _respond(ing, body, prompt: str | dict, max_tokens: int, kind: str, ch
                                                              **extra)
     rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{request_id}"
     head = {"id": rid, "created": int(time.time()), "model": body.model}
-    async def release():
-        await ing.client.central.release(request_id)  # batched with the process's other releases
+    def release():
+        ing.client.central.release(request_id)  # posted: rides the process's next batch
 
     if body.stream:
         return StreamingResponse(_chunks(ing, stream, head, kind, choice, release),
@@ -84,7 +83,7 @@ async def _respond(ing, body, prompt: str | dict, max_tokens: int, kind: str, ch
             text += item.text
             reason = item.finish_reason or reason
     finally:
-        await cleanup(release())
+        release()
     ing.metrics.observe_final(kind, stats)
     usage = {"prompt_tokens": stats.get("context_tokens", 0), "completion_tokens": stats.get("output_tokens", 0)}
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
@@ -103,7 +102,7 @@ async def _chunks(ing, stream, head: dict, kind: str, choice, release):
     except Exception as e:  # the status line is gone: OpenAI's error object in-band
         yield f"data: {json.dumps(openai_error(e))}\n\n"
     finally:
-        await cleanup(release())
+        release()
     yield "data: [DONE]\n\n"
 
 

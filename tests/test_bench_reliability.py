@@ -1,13 +1,12 @@
 """`bench.reliability` on a small load: real Ray + Serve on loopback, tiny model.
 
 Eight sessions of mixed sources (inline documents, corpus ids, crawler and vector trace replays),
-one client leaving mid-retrieval and one mid-answer, one engine replica killed under the load.
-Asserted: every offered session is accounted for, none is lost, none failed, both disconnects
-happened and the cluster drains (no session left anywhere, KV back to idle). Two fixed replicas.
-The replica-kill drill is not run here: in a load this small it lands within the first seconds, and
-while Serve replaces the replica, routing can stall long enough for the recovered session to fail
-(a known, open problem, see docs/BENCHMARKS.md); `python -m bench.reliability` runs it, and
-tests/test_pipeline_http.py checks recovery after a kill on its own.
+one client leaving mid-retrieval and one mid-answer, one engine replica killed under the load (the
+replica holding the most sessions, once both report). Asserted: every offered session is accounted
+for, none is lost, none failed, both disconnects happened, the killed replica left routing, and the
+cluster drains (no session left anywhere, KV back to
+idle). Two fixed replicas. How fast the dead replica leaves routing is a benchmark figure
+(`python -m bench.reliability`: `kill.out_of_routing_s`), not asserted here.
 """
 
 import pytest
@@ -46,7 +45,8 @@ def test_plan_mixes_sources_and_disconnect_roles(tmp_path):
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    spec = LoadSpec(sessions=8, duration_s=8.0, min_replicas=2, max_replicas=2, drain_timeout_s=20.0, kill=False)
+    spec = LoadSpec(sessions=8, duration_s=8.0, min_replicas=2, max_replicas=2, drain_timeout_s=20.0, kill=True,
+                    kill_deadline_s=4.0)
     return run(spec, tmp_path_factory.mktemp("traces"))
 
 
@@ -61,6 +61,16 @@ def test_every_session_is_accounted_for_and_none_lost(report):
     serving = report["serving"]  # the 6 sessions not left on purpose
     assert serving["completed"] == c["answered"] and serving["failed"] == 8 - 2 - c["answered"]
     assert serving["median_ttft_ms"] > 0 and serving["p99_e2el_ms"] >= serving["median_e2el_ms"]
+
+
+def test_killed_replica_leaves_routing_and_its_sessions_recover(report):
+    kill = report["kill"]
+    assert kill["killed"] is True, kill
+    assert kill["out_of_routing_s"] is not None, kill  # the controller stopped counting it within 60 s
+    # Whether a session was still open on the victim depends on timing (the count it was chosen by is
+    # up to a report interval old), so recovery is not asserted here: none lost and none failed
+    # (above) is; tests/test_pipeline_http.py checks a recovery after a kill deterministically.
+    print("kill drill:", kill, "recovered:", report["recovered"])
 
 
 def test_cluster_drains_after_the_load(report):

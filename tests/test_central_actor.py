@@ -126,9 +126,45 @@ def test_batched_client_admits_and_releases_in_few_calls(central):
     async def scenario():
         client = CentralClient(central)
         decisions = await asyncio.gather(*(client.admit(f"b{i}", "client", 5.0, tokens=16) for i in range(40)))
-        await asyncio.gather(*(client.release(f"b{i}") for i in range(40)))
+        for i in range(40):
+            client.release(f"b{i}")  # posted: returns before the actor has it
+        await client.flush()
         return decisions, client.calls
 
     decisions, calls = asyncio.run(scenario())
     assert all("replica_id" in d for d in decisions) and calls <= 10
     assert all(ray.get(central.lookup.remote(f"b{i}")) is None for i in range(40))
+
+
+class _FailingBatches:
+    """A handle whose batch call fails (the actor died mid-call); records what it was sent."""
+
+    def __init__(self):
+        self.sent = []
+        self.batch = self
+
+    async def _fail(self, releases, asks):
+        self.sent.append((list(releases), [a["session_id"] for a in asks]))
+        raise ray.exceptions.RayActorError()
+
+    def remote(self, releases, asks):
+        return self._fail(releases, asks)
+
+
+def test_posted_release_does_not_wait_and_a_failed_batch_fails_only_its_admissions(caplog):
+    """A release returns before the actor has it; when its batch fails it is logged (reconciliation
+    drops the placement), while an admission in the same batch gets the error."""
+    from pipeline.central_client import CentralClient
+
+    async def scenario():
+        handle = _FailingBatches()
+        client = CentralClient(handle)
+        assert client.release("gone", 100) is None and handle.sent == []  # nothing sent yet
+        with pytest.raises(ray.exceptions.RayActorError):
+            await client.admit("new", "client", 1.0)
+        await client.flush()
+        return handle.sent
+
+    sent = asyncio.run(scenario())
+    assert sent[0] == ([("gone", 100)], ["new"])
+    assert "1 releases lost" in caplog.text
