@@ -44,6 +44,8 @@ def _kv_key(actor_name: str) -> bytes:
     return f"stream2llm/central/{actor_name}".encode()
 
 
+# Task events off: at thousands of calls per second they cost the actor (and its callers) CPU for
+# a per-call record in Ray's state API that nobody reads at that rate (bench.central: +~20%/s).
 @ray.remote(max_restarts=-1, max_task_retries=3, enable_task_events=False)
 class CentralScheduler:
     def __init__(self, priors: dict, max_queue: int, stale_after_s: float, reserve_frac: float,
