@@ -45,7 +45,7 @@ def _kv_key(actor_name: str) -> bytes:
 
 
 # Task events off: at thousands of calls per second they cost the actor (and its callers) CPU for
-# a per-call record in Ray's state API that nobody reads at that rate (bench.central: +~20%/s).
+# a per-call record in Ray's state API that nobody reads at that rate.
 @ray.remote(max_restarts=-1, max_task_retries=3, enable_task_events=False)
 class CentralScheduler:
     def __init__(self, priors: dict, max_queue: int, stale_after_s: float, reserve_frac: float,
