@@ -145,12 +145,30 @@ def _kill(replica_id: str) -> None:
     ray.kill(actor, no_restart=True)
 
 
-async def _out_of_routing_s(running_before: int | None, killed_at: float, timeout_s: float = 60.0) -> float | None:
-    """Seconds from the kill until Serve's controller no longer counts the replica as running: the
-    list it pushes to every router (long poll), so every router stops choosing it. None: not seen."""
-    while running_before and time.monotonic() - killed_at < timeout_s:
-        running = await asyncio.to_thread(running_replicas)
-        if running is not None and running < running_before:
+def routable_replicas() -> set[str] | None:
+    """Engine replicas Serve's controller counts as RUNNING: the list it pushes to every router.
+
+    Private API (the controller's `get_serve_instance_details`, what `serve status` and the
+    dashboard read): the public `serve.status()` has only counts, which cannot tell a dead
+    replica from one that finished starting at the same moment.
+    """
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    with contextlib.suppress(Exception):
+        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        details = ray.get(controller.get_serve_instance_details.remote(), timeout=5)
+        replicas = details["applications"][APP]["deployments"][DEPLOYMENT]["replicas"]
+        return {r["replica_id"] for r in replicas if str(r["state"]).endswith("RUNNING")}
+    return None
+
+
+async def _out_of_routing_s(replica_id: str, killed_at: float, timeout_s: float = 60.0) -> float | None:
+    """Seconds from the kill until the controller no longer lists the replica as running (every
+    router follows that list), polled every 50 ms. None: still listed after `timeout_s`."""
+    while time.monotonic() - killed_at < timeout_s:
+        routable = await asyncio.to_thread(routable_replicas)
+        if routable is not None and replica_id not in routable:
             return round(time.monotonic() - killed_at, 3)
         await asyncio.sleep(0.05)
     return None
@@ -167,12 +185,14 @@ async def kill_busiest_replica(http: httpx.AsyncClient, base: str, t0: float, de
             elapsed = time.monotonic() - t0
             busiest = max(replicas.items(), key=lambda kv: len(kv[1]["sessions"]), default=None)
             if busiest and busiest[1]["sessions"] and (len(replicas) >= 2 or elapsed >= deadline_s):
-                running = await asyncio.to_thread(running_replicas)
+                listed = busiest[0] in (await asyncio.to_thread(routable_replicas) or ())
                 await asyncio.to_thread(_kill, busiest[0])
                 killed_at = time.monotonic()
                 record.update(killed=True, replica_id=busiest[0], at_s=round(elapsed, 2),
                               replicas_reporting=len(replicas), sessions_on_victim=len(busiest[1]["sessions"]))
-                record["out_of_routing_s"] = await _out_of_routing_s(running, killed_at)
+                # a victim not yet listed (still starting for Serve) was never routable: nothing to time
+                record["out_of_routing_s"] = await _out_of_routing_s(busiest[0], killed_at) if listed else None
+                record["was_routable"] = listed
                 return record
         await asyncio.sleep(0.25)
 
