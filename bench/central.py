@@ -9,7 +9,8 @@ release it again as fast as the actor answers (batched callers post the release,
 does: it rides the next batch, ahead of that batch's admissions). Latency is measured by the caller around the
 `admit` call (Ray round trip included). Targets: `admits_per_s` >= 5,000, `admit_p99_ms` < 5; the
 figures are the median of `--repeats` runs (spread recorded). For scale, the same run times the bare
-Ray round trip to the actor (one caller, an empty call at a time, under the same reports).
+Ray round trip to the actor (one caller, an empty call at a time, under the same reports), and
+`logic_in_process` times the pure admission logic alone at the same scale (no Ray).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from bench.results_meta import start_run, write_results
 from pipeline.central import get_or_create_scheduler
 from pipeline.central_client import CentralClient
 from pipeline.config import AppConfig
+from scheduler.admission import AdmissionController, DemandModel, ReplicaReport
 
 RESULTS = Path(__file__).parent / "results" / "central.json"
 REPLICAS = 256
@@ -147,6 +149,31 @@ def measure(scheduler, batched: bool, generators: int, concurrency: int, duratio
     }
 
 
+def logic_cost(admits: int = 20_000) -> dict:
+    """The pure admission logic alone, in this process, at the same scale: what the actor's work
+    costs without Ray (admit + release of a new session; one round of every replica's report)."""
+    ctl = AdmissionController(DemandModel({"client": 1024}), max_queue=1024)
+    held: dict[str, dict[str, int]] = {f"replica-{i:03d}": {} for i in range(REPLICAS)}
+
+    def report(rid: str) -> ReplicaReport:
+        return ReplicaReport(replica_id=rid, kv_blocks_total=BLOCKS_PER_REPLICA, kv_blocks_used=len(held[rid]) * 64,
+                             block_size=16, sessions=held[rid], source_types=dict.fromkeys(held[rid], "client"))
+    for rid in held:
+        ctl.report(report(rid), time.monotonic())
+    for i in range(OPEN_SESSIONS):
+        held[ctl.try_admit(f"open-{i}", "client", time.monotonic())][f"open-{i}"] = 1024
+    start = time.perf_counter()
+    for i in range(admits):
+        ctl.try_admit(f"x{i}", "client", time.monotonic())
+        ctl.release(f"x{i}", 1024)
+    per_admit = (time.perf_counter() - start) / admits
+    start = time.perf_counter()
+    for rid in held:
+        ctl.report(report(rid), time.monotonic())
+    return {"us_per_admit_release": round(1e6 * per_admit, 2),
+            "ms_per_report_round": round(1e3 * (time.perf_counter() - start), 2)}
+
+
 def ray_round_trip(scheduler, duration_s: float) -> dict:
     pinger = LoadGenerator.remote(scheduler, "ping", False)
     latencies = ray.get(pinger.ping.remote(duration_s))
@@ -198,6 +225,7 @@ def main(argv=None) -> dict:
                      1 if args.quick else args.repeats)
     finally:
         ray.shutdown()
+    report["logic_in_process"] = logic_cost()
     report["targets"] = TARGETS
     report["met"] = {"admits_per_s": report["admits_per_s"] >= TARGETS["admits_per_s"],
                      "admit_p99_ms": report["admit_p99_ms"] < TARGETS["admit_p99_ms"]}

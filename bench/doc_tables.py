@@ -123,6 +123,10 @@ def central(data: dict) -> str:
     runs = (f"Batched: median of {data['repeats']} runs (admissions/s {num(spread['admits_per_s'][0])} to "
             f"{num(spread['admits_per_s'][1])}, p99 {ms(spread['admit_p99_ms'][0])} to "
             f"{ms(spread['admit_p99_ms'][1])}). " if spread else "")
+    logic = data.get("logic_in_process")
+    runs += (f"The admission logic alone (in-process, no Ray, same scale): {num(logic['us_per_admit_release'])} µs "
+             f"per admit+release, {ms(logic['ms_per_report_round'])} per round of all replicas' reports. "
+             if logic else "")
     return (table(["", "admissions/s", "p50", "p99", "actor calls per admission"], rows) + "\n\n" + runs +
             f"{data['replicas']} simulated replicas reporting every {num(data['report_interval_s'])} s, "
             f"{data['open_sessions']:,} open sessions, {data['generators']} load processes x "
@@ -200,9 +204,19 @@ def reliability(data: dict) -> str:
            data["recovered"]]
     text = table(["offered", "answered", "rejected 429", "failed", "lost", "disconnected (on purpose)",
                   "recovered after kill"], [row])
-    kill = data.get("kill", {})
-    text += (f"\n\nReplica kill: {'at ' + num(kill.get('at_s')) + ' s' if kill.get('killed') else 'not done'}; "
-             f"drained: {num(data['leaks'].get('drained'))}; latency p50 {seconds(data['latency_s']['p50'])}, "
+    kill, leaks = data.get("kill", {}), data["leaks"]
+    dropped = kill.get("dropped_by_controller_s")
+    routing = ("" if "dropped_by_controller_s" not in kill else
+               f", dropped from Serve's running replicas after {seconds(dropped)}" if dropped is not None
+               else ", drop not timed (not yet running for Serve when killed)" if not kill.get("was_routable")
+               else ", **still listed as running after 60 s**")
+    after_ttl = leaks.get("after_ttl")
+    drained = num(leaks.get("drained")) + (
+        "" if leaks.get("drained") or not after_ttl else
+        f" (left open: {leaks.get('replica_sessions')} session(s), {leaks.get('kv_blocks_used')} KV blocks; "
+        f"drained by the idle-session TTL: {num(after_ttl.get('drained'))})")
+    text += (f"\n\nReplica kill: {'at ' + num(kill.get('at_s')) + ' s' if kill.get('killed') else 'not done'}"
+             f"{routing}; drained: {drained}; latency p50 {seconds(data['latency_s']['p50'])}, "
              f"p95 {seconds(data['latency_s']['p95'])}.")
     if "serving" not in data:
         text += " `lost` in this file is a subset of `failed` (recorded before they were separated)."

@@ -163,7 +163,7 @@ def routable_replicas() -> set[str] | None:
     return None
 
 
-async def _out_of_routing_s(replica_id: str, killed_at: float, timeout_s: float = 60.0) -> float | None:
+async def _dropped_by_controller_s(replica_id: str, killed_at: float, timeout_s: float = 60.0) -> float | None:
     """Seconds from the kill until the controller no longer lists the replica as running (every
     router follows that list), polled every 50 ms. None: still listed after `timeout_s`."""
     while time.monotonic() - killed_at < timeout_s:
@@ -177,7 +177,7 @@ async def _out_of_routing_s(replica_id: str, killed_at: float, timeout_s: float 
 async def kill_busiest_replica(http: httpx.AsyncClient, base: str, t0: float, deadline_s: float,
                                record: dict) -> dict:
     """Once two replicas report (or from `deadline_s` on, with one), kill the one holding the most
-    sessions, then time how long until it is out of routing. Runs until it has killed; the caller
+    sessions, then time how long until Serve's controller drops it. Runs until it has killed; the caller
     cancels it when the load ends first, and awaits it when `record` says the kill happened."""
     while True:
         with contextlib.suppress(httpx.HTTPError, ValueError):
@@ -191,7 +191,8 @@ async def kill_busiest_replica(http: httpx.AsyncClient, base: str, t0: float, de
                 record.update(killed=True, replica_id=busiest[0], at_s=round(elapsed, 2),
                               replicas_reporting=len(replicas), sessions_on_victim=len(busiest[1]["sessions"]))
                 # a victim not yet listed (still starting for Serve) was never routable: nothing to time
-                record["out_of_routing_s"] = await _out_of_routing_s(busiest[0], killed_at) if listed else None
+                record["dropped_by_controller_s"] = (await _dropped_by_controller_s(busiest[0], killed_at)
+                                                     if listed else None)
                 record["was_routable"] = listed
                 return record
         await asyncio.sleep(0.25)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from pipeline.prompt import PromptTemplate
     from pipeline.retriever_actors import RetrieverActors
     from pipeline.session_store import SessionStore
+
+log = logging.getLogger("stream2llm.ingress")
 
 INLINE_SOURCES = ("documents", "corpus")  # built in the ingress (client-side retrieval)
 
@@ -104,6 +107,9 @@ async def resume_events(ctx: FlowContext, session_id: str, replica_id: str, afte
         session_id, replica_id, stats.get("output_tokens") or 0)
 
 
+_CLEANUPS: set[asyncio.Task] = set()  # clean-up tasks in flight (strong references)
+
+
 def cleanup(coro):
     """Run a clean-up call so that a client disconnect cannot cancel it.
 
@@ -112,14 +118,18 @@ def cleanup(coro):
     request's child; awaiting it shielded keeps the order (clean up, then finish) on normal exits.
     """
     task = asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
+    # The loop holds tasks weakly: once the cancelled caller stops awaiting, nothing else may.
+    _CLEANUPS.add(task)
+    task.add_done_callback(_CLEANUPS.discard)
     return asyncio.shield(task)
 
 
 async def _abort(ctx: FlowContext, session: SessionLog) -> None:
     try:
         await ctx.client.abort(session)
-    except Exception:  # best effort: the replica's TTL sweep frees it otherwise
-        pass
+    except Exception as e:  # best effort: the replica's TTL sweep frees it otherwise
+        log.warning("abort of session %s on %s failed (its replica's idle TTL frees it): %r",
+                    session.session_id, session.replica_id, e)
 
 
 def final_event(session: SessionLog, stats: dict) -> dict:
