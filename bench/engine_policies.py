@@ -111,7 +111,7 @@ async def run_all(args) -> dict:
     for policy in policies:
         run = await run_engine(args, policy, True, traces, arrivals, calibrate=False)
         results.setdefault(PromptMode.STREAM, {})[policy] = run["summary"]
-        print(_row(STREAMING, policy, run["summary"]))
+        print(_row(PromptMode.STREAM, policy, run["summary"]))
     cost = MeasuredCostModel.from_json(measured["cost_model"])
     kv_blocks, block_size = measured["summary"]["kv_blocks"], measured["summary"]["block_size"]
     sim = simulate_grid(traces, args, cost, kv_blocks, block_size)

@@ -22,6 +22,7 @@ from bench.results_meta import engine_dtype, start_run, write_results
 from engine.config import DEFAULT_MODEL, PLATFORMS, EngineConfig
 from engine.measure import run_floor, run_one_shot, run_streamed
 from engine.prompt import ContextDoc, RagPrompt
+from stream2llm.data.traces import PromptMode
 from stream2llm.data.corpus import load_documents
 
 RESULTS = Path(__file__).parent / "results" / "engine_ttft.json"

@@ -43,8 +43,7 @@ class Entry:
 
 REGISTRY: dict[str, Entry] = {
     "engine_ttft": Entry("engine_ttft.json", doc_tables.engine_ttft),
-    "engine_ttft_gap2": Entry("engine_ttft_gap2.json", doc_tables.engine_ttft),
-    "engine_ttft_fp32": Entry("engine_ttft_fp32.json", doc_tables.engine_ttft),
+    "engine_ttft_long_gap": Entry("engine_ttft_long_gap.json", doc_tables.engine_ttft),
     "cpu_dtype": Entry("cpu_dtype.json", doc_tables.cpu_dtype),
     "central": Entry("central.json", doc_tables.central),
     "engine_load": Entry("engine_load.json", doc_tables.engine_load),
@@ -59,7 +58,7 @@ REGISTRY: dict[str, Entry] = {
     "retrievers": Entry("retrievers.json", doc_tables.retrievers),
     "engine_policies": Entry("policies.json", doc_tables.engine_policies),
     "cost_model": Entry("policies.json", doc_tables.cost_model),
-    "readme_figures": Entry(("engine_ttft.json", "engine_ttft_gap2.json", "pipeline.json", "qa.json",
+    "readme_figures": Entry(("engine_ttft.json", "engine_ttft_long_gap.json", "pipeline.json", "qa.json",
                              "reliability.json"), doc_tables.readme_figures),
 }
 
