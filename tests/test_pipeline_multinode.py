@@ -3,6 +3,8 @@
 Head node: Serve controller, HTTP proxy, ingress and the central scheduler actor (0 CPUs).
 Two worker nodes advertise the custom resource `engine_node`; each replica asks for one, so the
 two replicas land on different nodes and every session's chunks cross nodes (ingress -> replica).
+The last test removes a worker node (its replica dies with it), so the file keeps its order in
+random-order runs.
 """
 
 from pathlib import Path
@@ -14,7 +16,7 @@ import yaml
 
 from pipeline_fixtures import REPO, cluster_view, parse_sse, serve_app, tiny_config
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.random_order(disabled=True)]
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -116,3 +118,24 @@ def test_cluster_yaml_ships_this_checkout_and_runs_real_files():
     assert config.replicas.use_gpu and config.replicas.max_replicas == raw["max_workers"]
     gpu = raw["available_node_types"]["gpu_worker"]
     assert gpu["resources"]["GPU"] >= 1 and raw["available_node_types"]["head"]["resources"].get("GPU", 0) == 0
+
+
+def test_worker_node_removed_mid_session_the_session_answers_on_the_other_node(multinode):
+    """A node-removal drill: the session's context is replayed on the surviving node's replica and
+    answered there; nothing already accepted is lost."""
+    base, cluster, worker_ids = multinode
+    opened = httpx.post(f"{base}/v1/streams", json={}, headers=AUTH, timeout=60).json()
+    sid, node = opened["session_id"], opened["node_id"]
+    for i in range(2):
+        r = httpx.post(f"{base}/v1/streams/{sid}/chunks", json={"text": f"fact {i}: " + "alpha beta " * 15},
+                       headers=AUTH, timeout=60)
+        assert r.status_code == 200, r.text
+    cluster.remove_node(next(n for n in cluster.worker_nodes if n.node_id == node))
+    r = httpx.post(f"{base}/v1/streams/{sid}/finish", json={"question": "q?", "sampling": {"max_tokens": 4}},
+                   headers=AUTH, timeout=180)
+    assert r.status_code == 200, r.text
+    events = parse_sse(r.text)
+    name, final = events[-1]
+    assert name == "final", events
+    survivor = next(w for w in worker_ids if w != node)
+    assert final["node_id"] == survivor and final["recovered"] is True and final["chunks"] == 2
