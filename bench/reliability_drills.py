@@ -146,7 +146,7 @@ def _kill(replica_id: str) -> None:
 
 
 def routable_replicas() -> set[str] | None:
-    """Engine replicas Serve's controller counts as RUNNING: the list it pushes to every router.
+    """Engine replicas Serve's controller counts as RUNNING: the list it pushes to the routers.
 
     Private API (the controller's `get_serve_instance_details`, what `serve status` and the
     dashboard read): the public `serve.status()` has only counts, which cannot tell a dead
@@ -164,8 +164,8 @@ def routable_replicas() -> set[str] | None:
 
 
 async def _dropped_by_controller_s(replica_id: str, killed_at: float, timeout_s: float = 60.0) -> float | None:
-    """Seconds from the kill until the controller no longer lists the replica as running (every
-    router follows that list), polled every 50 ms. None: still listed after `timeout_s`."""
+    """Seconds from the kill until the controller no longer lists the replica as running (routers
+    follow that list), polled every 50 ms. None: still listed after `timeout_s`."""
     while time.monotonic() - killed_at < timeout_s:
         routable = await asyncio.to_thread(routable_replicas)
         if routable is not None and replica_id not in routable:

@@ -4,7 +4,7 @@ Eight sessions of mixed sources (inline documents, corpus ids, crawler and vecto
 one client leaving mid-retrieval and one mid-answer, one engine replica killed under the load (the
 replica holding the most sessions, once both report). Asserted: every offered session is accounted
 for, none is lost, none failed, both disconnects happened, Serve's controller dropped the killed
-replica from its running replicas (the list every router follows), and the cluster drains (no
+replica from its running replicas (the list routers follow), and the cluster drains (no
 session left anywhere, KV back to idle). Two fixed replicas. How fast the controller drops it is a
 benchmark figure (`python -m bench.reliability`: `kill.dropped_by_controller_s`), not asserted here.
 """
@@ -63,7 +63,7 @@ def test_every_session_is_accounted_for_and_none_lost(report):
     assert serving["median_ttft_ms"] > 0 and serving["p99_e2el_ms"] >= serving["median_e2el_ms"]
 
 
-def test_killed_replica_leaves_routing_and_its_sessions_recover(report):
+def test_killed_replica_is_dropped_by_serves_controller(report):
     kill = report["kill"]
     assert kill["killed"] is True, kill
     assert kill["dropped_by_controller_s"] is not None, kill  # dropped within 60 s
