@@ -33,8 +33,8 @@ import numpy as np
 from bench.engine_policies import SHAPE, make_traces
 from bench.engine_replay import replay
 from bench.engine_sizing import kv_bytes
-from bench.results_meta import engine_dtype
-from bench.serving_metrics import RequestRecord, serving_metrics, start_run, write_results
+from bench.results_meta import engine_dtype, start_run, write_results
+from bench.serving_metrics import RequestRecord, serving_metrics
 from engine.config import DEFAULT_MODEL, EngineConfig
 from stream2llm.data.traces import PromptMode, poisson_arrivals
 from scheduler.policies import POLICIES

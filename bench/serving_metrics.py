@@ -26,8 +26,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.results_meta import start_run, write_results  # noqa: F401 (re-exported for benches)
-
 PERCENTILES = (50, 95, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
 

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from pipeline.local import REPO, free_port, local_app, wait_ready  # noqa: F401 (re-exported)
+from pipeline.local import REPO, local_app  # noqa: F401 (REPO re-exported)
 from tests.conftest import TINY_DTYPE  # noqa: F401 (re-exported)
 
 

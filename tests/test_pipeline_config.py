@@ -127,7 +127,6 @@ def test_kv_pressure_policy_scales_on_kv_and_queue():
 
 
 def test_app_builder_accepts_serve_style_args():
-    from ray.serve._private.build_app import BuiltApplication  # noqa: F401  (Serve is importable)
     from ray.serve.deployment import Application
 
     from pipeline.app import app_builder

@@ -14,7 +14,7 @@ import pytest
 import ray
 import yaml
 
-from pipeline_fixtures import REPO, cluster_view, parse_sse, serve_app, tiny_config
+from pipeline_fixtures import REPO, parse_sse, serve_app, tiny_config
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.random_order(disabled=True)]
 TOKEN = "s3cret-token"
