@@ -3,6 +3,8 @@
 Sessions arrive faster than one replica's KV holds them: the central scheduler's projected KV use
 and admission queue rise, the policy asks for a second replica, queued sessions land on it, the
 overflow gets 429 + Retry-After; when the load is gone the policy scales back to the minimum.
+The first session to reach its question on each replica lingers (context held, no question) through
+the scale-down: the one on the replica Serve stopped moves by replay, and both are answered.
 Tiny model, half a CPU per replica (this machine has 2 cores), short autoscaling delays.
 """
 
@@ -48,6 +50,10 @@ def running_replicas() -> int:
     return int(states.get("RUNNING", 0))
 
 
+def reporting_replicas(base: str) -> set[str]:
+    return set(httpx.get(f"{base}/v1/cluster", timeout=10).json()["replicas"])
+
+
 class Watcher(threading.Thread):
     """Samples the running replica count until stopped: (seconds since start, replicas)."""
 
@@ -76,7 +82,23 @@ class Watcher(threading.Thread):
             self.stop.wait(0.5)
 
 
-def one_session(base: str, out: list, i: int, scaled: threading.Event) -> None:
+class Lingering:
+    """Picks one session per replica to stay open through the scale-down (first come on each)."""
+
+    def __init__(self):
+        self.replica_of: dict[int, str] = {}  # session index -> the replica it was on before
+        self.scaled_down = threading.Event()
+        self._lock = threading.Lock()
+
+    def claim(self, i: int, replica_id: str) -> bool:
+        with self._lock:
+            if replica_id in self.replica_of.values():
+                return False
+            self.replica_of[i] = replica_id
+            return True
+
+
+def one_session(base: str, out: list, i: int, scaled: threading.Event, lingering: Lingering) -> None:
     with httpx.Client(base_url=base, timeout=400) as c:  # a queued open waits for the new replica
         r = c.post("/v1/streams", json={"source_type": "client"})
         if r.status_code == 429:
@@ -92,12 +114,14 @@ def one_session(base: str, out: list, i: int, scaled: threading.Event) -> None:
             return
         scaled.wait(MAX_HOLD_S)
         time.sleep(HOLD_AFTER_SCALE_S)
+        if lingering.claim(i, r.json()["replica_id"]):
+            lingering.scaled_down.wait(MAX_HOLD_S)
         r = c.post(f"/v1/streams/{sid}/finish", json={"question": "Which word?", "sampling": {"max_tokens": 4}})
         events = parse_sse(r.text) if r.status_code == 200 else []
         if not events or events[-1][0] != "final" or not any(n == "token" for n, _ in events):
             out[i] = ("finish_failed", r.status_code, r.text[-300:])
             return
-        out[i] = ("answered", events[-1][1]["replica_id"])
+        out[i] = ("answered", events[-1][1]["replica_id"], events[-1][1]["recovered"])
 
 
 @pytest.fixture(scope="module")
@@ -111,23 +135,31 @@ def test_load_ramp_scales_up_then_down_and_loses_no_session(base):
     watcher = Watcher(base)
     watcher.start()
     results: list = [None] * SESSIONS
+    lingering = Lingering()
     threads = []
     for i in range(SESSIONS):
-        t = threading.Thread(target=one_session, args=(base, results, i, watcher.scaled))
+        t = threading.Thread(target=one_session, args=(base, results, i, watcher.scaled, lingering))
         t.start()
         threads.append(t)
         time.sleep(ARRIVAL_GAP_S)
-    for t in threads:
-        t.join(timeout=MAX_HOLD_S + 180)
+    deadline = time.monotonic() + MAX_HOLD_S + 180
+    while any(results[i] is None and i not in lingering.replica_of for i in range(SESSIONS)) \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)  # every session answered, rejected or failed, except the lingering ones
     load_end = time.monotonic() - watcher.t0
-    deadline = time.monotonic() + 120  # scale-down: downscale delay + replica stop, on a loaded box
-    while running_replicas() != 1 and time.monotonic() < deadline:
-        time.sleep(0.5)
+    deadline = time.monotonic() + 180  # scale-down: downscale delay + replica stop, on a loaded box
+    while (running_replicas() != 1 or len(reporting_replicas(base)) != 1) and time.monotonic() < deadline:
+        time.sleep(0.5)  # Serve stopped one, and the central scheduler no longer hears from it
+    survivor = reporting_replicas(base)
+    lingering.scaled_down.set()
+    for t in threads:
+        t.join(timeout=300)
     time.sleep(1.0)
     watcher.stop.set()
     watcher.join()
     samples = watcher.samples
     print(f"\nreplica timeline (s, running): {samples[::4]}\nload ended at {load_end:.1f} s; results {results}")
+    print(f"lingering sessions (index: replica before the scale-down): {lingering.replica_of}; survivor {survivor}")
     print("pressure (s, replicas, used, projected, total, sessions, queued, per replica):")
     print("\n".join(map(str, watcher.pressure[::4])))
 
@@ -144,3 +176,9 @@ def test_load_ramp_scales_up_then_down_and_loses_no_session(base):
     assert watcher.scaled_under_load  # the second replica came while sessions were open
     pressure = httpx.get(f"{base}/v1/cluster", timeout=10).json()["pressure"]
     assert pressure["sessions"] == 0 and pressure["queued"] == 0
+    # Sessions open through the scale-down: one was on each replica, so one was on the stopped one.
+    assert len(lingering.replica_of) == 2 and len(survivor) == 1, (lingering.replica_of, survivor)
+    for i, before in lingering.replica_of.items():
+        kind, replica, recovered = results[i]
+        assert kind == "answered" and replica in survivor, results[i]
+        assert recovered == (before not in survivor), (i, before, results[i])  # moved by replay
