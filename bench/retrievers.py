@@ -16,6 +16,8 @@ import statistics
 import time
 from pathlib import Path
 
+from bench.results_meta import start_run, write_results
+from retrievers.embedding import MODEL_PACKAGE
 from retrievers.chunking import whitespace_count
 from stream2llm.data.corpus import load_documents, load_grounded_questions
 from retrievers.crawler import Crawler
@@ -142,17 +144,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-crawler", action="store_true")
     args = parser.parse_args(argv)
     queries = [q.question for q in load_grounded_questions()[: args.crawl_queries]]
+    # the site's latencies and the index's subset are drawn with seed 0 (SiteConfig, IndexSpec)
+    meta = start_run(model=MODEL_PACKAGE if not args.skip_vector else None, dtype=None, seeds=[0])
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if args.skip_crawler or args.skip_vector:  # the other half is kept from an older run
+        results["meta_note"] = "one half rerun with --skip-crawler/--skip-vector: meta describes the last run only"
+    else:
+        results.pop("meta_note", None)
     if not args.skip_crawler:
         results["crawler"] = asyncio.run(bench_crawler(queries, args.latency_queries))
         print(json.dumps(results["crawler"], indent=2), flush=True)
     if not args.skip_vector:
         subset = None if args.subset < 0 else args.subset
         results["vector"] = asyncio.run(bench_vector(subset, args.k))
-    results["machine"] = {"note": "2 CPU cores shared with other jobs (figures vary with load)",
-                          "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    results.pop("machine", None)  # an older run's hand-written machine note: meta records it now
+    results["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2))
+    write_results(RESULTS, results, meta)
     print(json.dumps(results, indent=2))
     return 0
 
