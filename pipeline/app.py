@@ -55,6 +55,7 @@ def ingress_deployment(config: AppConfig):
         # On the head node, next to the Serve controller and the central scheduler actor.
         ray_actor_options={"num_cpus": config.replicas.ingress_num_cpus, "resources": {HEAD_NODE_RESOURCE: 0.001}},
         max_ongoing_requests=1024,
+        health_check_period_s=config.replicas.health_check_period_s,
     )
 
 

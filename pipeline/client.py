@@ -44,17 +44,19 @@ class EngineClient:
             raise AdmissionRejected(decision["rejected"], decision["retry_after_s"])
         return session_id, decision["replica_id"]
 
-    async def open(self, source_type: str) -> SessionLog:
+    async def open(self, source_type: str, owner: str | None = None) -> SessionLog:
+        """Admit and open a session; `owner`: the ingress actor that alone drives it (its replica
+        aborts the session once that actor is gone), None for sessions any ingress may serve."""
         session_id, replica_id = await self.admit(source_type)
         try:
-            info = await self._handle.open_session.remote(session_id, source_type, route_to=replica_id)
+            info = await self._handle.open_session.remote(session_id, source_type, owner, route_to=replica_id)
         except BaseException:
             self._central.release(session_id)
             raise
         if info["replica_id"] != replica_id:  # routed elsewhere: its holder's next report adopts it
             log.warning("session %s opened on %s, not on %s", session_id, info["replica_id"], replica_id)
             self._central.release(session_id)
-        return SessionLog(session_id, source_type, info["replica_id"], info["node_id"])
+        return SessionLog(session_id, source_type, info["replica_id"], info["node_id"], owner=owner)
 
     async def add(self, session: SessionLog, op: ContextOp, text: str) -> int:
         """Append or replace context; the op is logged only once the replica accepted it."""
@@ -89,7 +91,7 @@ class EngineClient:
         if dead:
             await self._scheduler.replica_died.remote(old)
         _, replica_id = await self.admit(session.source_type, exclude=[old], session_id=session.session_id)
-        info = await self._handle.open_session.remote(session.session_id, session.source_type,
+        info = await self._handle.open_session.remote(session.session_id, session.source_type, session.owner,
                                                       route_to=replica_id)
         session.replica_id, session.node_id = info["replica_id"], info["node_id"]
         if session.retrieval_done:

@@ -30,9 +30,9 @@ class ReplicaSettings(_Section):
     max_ongoing_requests: int = Field(256, gt=0, description="Concurrent calls per replica.")
     report_interval_s: float = Field(1.0, gt=0, description="Replica -> scheduler report period.")
     health_check_period_s: float = Field(1.0, gt=0, description=(
-        "Serve's health check of each engine replica: its controller drops a dead replica within about "
-        "this long and routers follow its list (a router whose own call failed drops it at once). One "
-        "cheap call per replica."))
+        "Serve's health check of each engine and ingress replica: its controller drops a dead replica "
+        "within about this long and routers follow its list (a router whose own call failed drops it at "
+        "once). One cheap call per replica."))
     target_kv_frac: float = Field(0.7, gt=0, le=1, description="Projected KV use to scale at.")
     sessions_per_replica: float = Field(8.0, gt=0, description="Queued sessions one replica absorbs.")
     upscale_delay_s: float = Field(2.0, ge=0, description="Sustained pressure before scaling up.")

@@ -47,6 +47,7 @@ class FlowContext:
     actors: RetrieverActors
     template: PromptTemplate
     context_limit: int  # tokens a session may hold (AppConfig.context_limit)
+    owner: str | None = None  # this ingress replica's actor name: owner of the sessions it drives alone
 
 
 def answer_event_id(session_id: str, replica_id: str, tokens: int) -> str:
@@ -152,7 +153,7 @@ def final_event(session: SessionLog, stats: dict) -> dict:
 async def rag_events(ctx: FlowContext, request):
     """Open a session, stream the source's context into it as it arrives, then answer."""
     started = time.monotonic()
-    session = await ctx.client.open(source_type(request.source))
+    session = await ctx.client.open(source_type(request.source), owner=ctx.owner)
     handed_over = False
     try:
         async with session.lock:

@@ -60,7 +60,9 @@ class Ingress:
         self.sessions = SessionStore(self.config)
         self.metrics = PipelineMetrics()
         self.actors = RetrieverActors(self.config)
-        self.ingress_id = serve.get_replica_context().replica_id.unique_id
+        replica = serve.get_replica_context().replica_id
+        self.ingress_id = replica.unique_id
+        self.actor_name = replica.to_full_id_str()  # what an engine replica looks up: is this ingress alive
         LimitsMiddleware.configure(self.config.limits.max_request_bytes, self.config.auth.bearer_tokens,
                                    self.ingress_id)
         self._flow_context: FlowContext | None = None
@@ -70,7 +72,7 @@ class Ingress:
         if self._flow_context is None:
             template = await fetch_template(self.handle)
             self._flow_context = FlowContext(self.client, self.sessions, self.metrics, self.actors, template,
-                                             self.config.context_limit)
+                                             self.config.context_limit, owner=self.actor_name)
         return self._flow_context
 
     async def _run(self, coro, openai: bool = False):

@@ -25,6 +25,7 @@ from pipeline.config import AppConfig
 from pipeline.errors import ContextLimitExceeded, SessionConflict, SessionGone, context_limit_errors
 from pipeline.replica_context import (ContextLimits, RetrieverCall, Tokenizer, coalesce, pull, pump,
                                       settle_replacements)
+from pipeline.session_owners import IDLE_BEFORE_CHECK_S, SessionOwners, serve_actor_alive
 from stream2llm.data.traces import ContextOp
 
 log = logging.getLogger("stream2llm.replica")
@@ -44,6 +45,7 @@ class EngineReplica:
         self.node_id = ray.get_runtime_context().get_node_id()
         self._touched: dict[str, float] = {}   # open session -> last activity (monotonic)
         self._source: dict[str, str] = {}      # open session -> source type
+        self._owners = SessionOwners(serve_actor_alive)
         self._busy: set[str] = set()
         self._last_stats: dict = {}
         self._pressure: dict = {}
@@ -55,10 +57,13 @@ class EngineReplica:
         self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
 
     # ---- sessions ------------------------------------------------------------------------
-    async def open_session(self, session_id: str, source_type: str = "client", route_to=None) -> dict:
+    async def open_session(self, session_id: str, source_type: str = "client", owner: str | None = None,
+                           route_to=None) -> dict:
+        """`owner`: the ingress actor driving a one-request session (`pipeline.session_owners`)."""
         await self._engine.open_session(session_id)
         self._touched[session_id] = time.monotonic()
         self._source[session_id] = source_type
+        self._owners.add(session_id, owner)
         return {"session_id": session_id, "replica_id": self.replica_id, "node_id": self.node_id}
 
     async def change_context(self, session_id: str, op: ContextOp, text: str, limit: int | None = None,
@@ -176,6 +181,7 @@ class EngineReplica:
     def _forget(self, session_id: str) -> None:
         self._touched.pop(session_id, None)
         self._source.pop(session_id, None)
+        self._owners.forget(session_id)
 
     def _session_stats(self, session_id: str) -> dict:
         s = self._engine.session_stats(session_id)
@@ -252,11 +258,18 @@ class EngineReplica:
         self._answers.expire()
         ttl = self._config.limits.session_ttl_s
         now = time.monotonic()
-        for sid, touched in list(self._touched.items()):
-            if sid not in self._busy and now - touched > ttl:
-                log.info("aborting session %s: idle for %.1f s (TTL %.1f s)", sid, now - touched, ttl)
-                await self.abort(sid)
-                await self._scheduler.release.remote(sid)  # else the central actor keeps counting it
+        idle = {sid: now - touched for sid, touched in self._touched.items() if sid not in self._busy}
+        for sid, idle_s in idle.items():
+            if idle_s > ttl:
+                log.info("aborting session %s: idle for %.1f s (TTL %.1f s)", sid, idle_s, ttl)
+                await self._drop(sid)
+        for sid in await self._owners.orphans(s for s, idle_s in idle.items() if IDLE_BEFORE_CHECK_S < idle_s <= ttl):
+            log.warning("aborting session %s: the ingress replica that drove it is gone", sid)
+            await self._drop(sid)
+
+    async def _drop(self, session_id: str) -> None:
+        await self.abort(session_id)
+        await self._scheduler.release.remote(session_id)  # else the central actor keeps counting it
 
     async def check_health(self) -> None:
         """Serve replaces the replica when its engine died (e.g. EngineDeadError)."""

@@ -29,6 +29,7 @@ class SessionLog:
     sources: list[dict] = field(default_factory=list)         # citations, in arrival order
     context_tokens: int = 0
     recovered: int = 0
+    owner: str | None = None            # the ingress driving a one-request session (None: store-held)
     created_at: float = field(default_factory=time.time)   # wall clock: records move between hosts
     touched_at: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)

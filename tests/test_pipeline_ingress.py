@@ -4,26 +4,36 @@ session records in the shard actors, answers on the replicas.
 Consecutive streaming-input calls land on different ingress replicas and the session carries on;
 a retry through the other ingress is still a no-op; an ingress killed mid-answer loses nothing:
 the client reconnects with Last-Event-ID (through whichever ingress) and gets the rest, and the
-sessions it served keep working.
+sessions it served keep working. A /v1/rag session is freed long before the idle TTL when the ingress
+driving it dies: mid-retrieval (its replica's retrieval call dies with its caller), or between calls
+(its replica finds the owner recorded at open gone).
 """
 
 from __future__ import annotations
+
+import asyncio
+import uuid
 
 import httpx
 import pytest
 import ray
 
 from pipeline.http_util import INGRESS_HEADER
+from pipeline.session_owners import serve_actor_alive
 from pipeline_fixtures import serve_app, tiny_config, wait_until
+from stream2llm.data.traces import synthetic_crawler_traces, write_crawler_csv
 from test_pipeline_resume import ANSWER, _finish_body, _read_some_then_leave, post, sse_with_ids
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.random_order(disabled=True)]  # the kills change the layout
 CONTEXT = "Stable context for the same greedy answer. " * 6
 
 
 @pytest.fixture(scope="module")
-def base():
-    config = tiny_config(ingress={"replicas": 2}, limits={"resume_grace_s": 30.0, "max_chunks_per_session": 40})
+def base(tmp_path_factory):
+    traces = tmp_path_factory.mktemp("traces")  # a slow retrieval: seconds between chunks
+    write_crawler_csv(synthetic_crawler_traces(1, seed=5, tokens_scale=0.05, mean_scrapes=4), traces / "slow.csv")
+    config = tiny_config(ingress={"replicas": 2}, retrievers={"trace_dir": str(traces), "trace_multiplier": 3.0},
+                         limits={"resume_grace_s": 30.0, "max_chunks_per_session": 40, "session_ttl_s": 900.0})
     with serve_app(config) as url:
         yield url
 
@@ -76,3 +86,49 @@ def test_ingress_killed_mid_answer_loses_nothing(base):
     final = sse_with_ids(post(base, f"/v1/streams/{waiting}/finish", _finish_body(4)).text)[-1][1]
     assert [c["source_id"] for c in final["citations"]] == ["w", "w2"]
     wait_until(lambda: httpx.get(f"{base}/healthz", timeout=10).status_code == 200, timeout=60)
+
+
+def _replica_sessions(base) -> set[str]:
+    view = httpx.get(f"{base}/v1/cluster", timeout=10).json()
+    return {sid for r in view["replicas"].values() for sid in r["sessions"]}
+
+
+def test_rag_session_of_an_ingress_killed_mid_retrieval_is_freed(base):
+    body = {"question": "What was found?", "source": {"type": "trace", "trace": "slow.csv"}}
+    with httpx.stream("POST", f"{base}/v1/rag", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        ingress = r.headers[INGRESS_HEADER]
+        event_id = next(line[len("id: "):] for line in r.iter_lines() if line.startswith("id: "))
+        session_id = event_id.split(".")[0]  # a context event's id: <session>.c<n>
+        assert session_id in _replica_sessions(base)
+        name = f"SERVE_REPLICA::stream2llm#Ingress#{ingress}"
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+        # the connection stays open until the ingress is dead: a client disconnect would have the
+        # living ingress abort the session itself, which is not what this test is about
+        wait_until(lambda: not asyncio.run(serve_actor_alive(name)), timeout=60)
+    wait_until(lambda: session_id not in _replica_sessions(base), timeout=120)  # the idle TTL is 900 s
+    wait_until(lambda: httpx.get(f"{base}/healthz", timeout=10).status_code == 200, timeout=60)
+
+
+@ray.remote(num_cpus=0)
+class StandInIngress:
+    """An actor that only has a name: the owner a session is opened for."""
+
+
+def test_session_idle_between_calls_is_aborted_once_its_owner_is_gone(base):
+    """The window no call covers: an ingress that opened a /v1/rag session (inline documents are
+    added call by call) dies between two calls. Nothing is cancelled; the replica must notice."""
+    from ray import serve
+
+    name = f"stand-in-ingress-{uuid.uuid4().hex[:8]}"
+    owner = StandInIngress.options(name=name, namespace="serve").remote()
+    engine = serve.get_deployment_handle("EngineReplica", app_name="stream2llm")
+    session_id = uuid.uuid4().hex
+    engine.open_session.remote(session_id, "documents", name).result(timeout_s=60)
+    kept = uuid.uuid4().hex  # the same, with an owner that lives on
+    engine.open_session.remote(kept, "documents", None).result(timeout_s=60)
+    wait_until(lambda: {session_id, kept} <= _replica_sessions(base), timeout=60)
+    ray.kill(owner, no_restart=True)
+    wait_until(lambda: session_id not in _replica_sessions(base), timeout=60)  # the idle TTL is 900 s
+    assert kept in _replica_sessions(base)
+    engine.abort.remote(kept).result(timeout_s=60)
