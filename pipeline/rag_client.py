@@ -7,17 +7,27 @@
 `ttft_s` is the paper's TTFT measured at the client: from the `retrieval_done` event (the last
 context piece is in) to the first answer token, both received over HTTP. `engine_ttft_s` is the
 engine's own figure for the same request (from handing over the question to its first token).
+
+With `resume_attempts`, a stream cut after the answer began (its ingress died, a proxy dropped the
+connection) is picked up again with `Last-Event-ID`, the id of the last answer event received: the
+ingress that takes the reconnect serves the rest of the answer from its replica, with no retrieval
+and no generation run again. A stream cut before any answer event cannot be resumed (context events
+carry no id): the caller may ask again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
 
 import httpx
 
+from pipeline.http_util import INGRESS_HEADER
 from stream2llm.data.traces import PromptMode
+
+RESUME_BACKOFF_S = 0.5  # times the attempt number: a reconnect may meet the dead ingress once more
 
 
 @dataclass
@@ -36,6 +46,9 @@ class RagResult:
     first_token_at: float | None = None
     done_at: float | None = None
     token_times: list[float] = field(default_factory=list)  # arrival of each token event (serving metrics' ITL)
+    last_event_id: str | None = None  # of the last answer event received: where a resume starts
+    resumed: int = 0                  # reconnects made with Last-Event-ID
+    ingresses: list[str] = field(default_factory=list)  # ingress replica of each response, in order
 
     @property
     def ok(self) -> bool:
@@ -74,27 +87,49 @@ class RagResult:
 
 async def ask(http: httpx.AsyncClient, base_url: str, question: str, source: dict, *,
               prompt_mode: PromptMode = PromptMode.STREAM, max_tokens: int = 32,
-              headers: dict | None = None) -> RagResult:
-    """POST /v1/rag and read its event stream; HTTP errors come back in the result, not raised."""
+              headers: dict | None = None, resume_attempts: int = 0) -> RagResult:
+    """POST /v1/rag and read its event stream; HTTP errors come back in the result, not raised.
+    A stream cut after the answer began is resumed up to `resume_attempts` times (module doc)."""
     body = {"question": question, "source": source, "prompt_mode": prompt_mode,
             "sampling": {"max_tokens": max_tokens, "temperature": 0.0}}
     result = RagResult(question, prompt_mode, sent_at=time.monotonic())
     try:
-        async with http.stream("POST", f"{base_url}/v1/rag", json=body, headers=headers) as response:
+        await _read(http, f"{base_url}/v1/rag", body, headers, result)
+        while _resumable(result) and result.resumed < resume_attempts:
+            result.resumed += 1
+            await asyncio.sleep(RESUME_BACKOFF_S * result.resumed)
+            result.error = None
+            await _read(http, f"{base_url}/v1/rag", body, {**(headers or {}), "Last-Event-ID": result.last_event_id},
+                        result)
+    finally:
+        result.done_at = time.monotonic()
+    return result
+
+
+async def _read(http: httpx.AsyncClient, url: str, body: dict, headers: dict | None, result: RagResult) -> None:
+    """One POST and its events into `result`; a cut or failed stream leaves `error` set."""
+    try:
+        async with http.stream("POST", url, json=body, headers=headers) as response:
             result.status = response.status_code
+            result.ingresses.append(response.headers.get(INGRESS_HEADER, ""))
             if response.status_code != 200:
                 await response.aread()
                 result.error = error_reason(response)
-                return result
-            async for name, data in sse_events(response):
+                return
+            async for name, data, event_id in sse_events(response):
                 apply_event(result, name, data)
+                result.last_event_id = event_id or result.last_event_id
     except httpx.HTTPError as e:
         result.error = f"{type(e).__name__}: {e}"
-    finally:
-        result.done_at = time.monotonic()
     if result.error is None and not result.final:
         result.error = "the stream ended without a final event"
-    return result
+
+
+def _resumable(result: RagResult) -> bool:
+    """Cut (or refused by a failing ingress) after an answer event, with no final event yet."""
+    if result.final or result.last_event_id is None or result.error is None:
+        return False
+    return result.status == 200 or result.status >= 500
 
 
 def apply_event(result: RagResult, name: str, data: dict) -> None:
@@ -120,17 +155,20 @@ def apply_event(result: RagResult, name: str, data: dict) -> None:
 
 
 async def sse_events(response: httpx.Response):
-    name, data = None, None
+    """(name, data, id) of each event; id is None when the event has none."""
+    name, data, event_id = None, None, None
     async for line in response.aiter_lines():
-        if line.startswith("event: "):
+        if line.startswith("id: "):
+            event_id = line[len("id: "):]
+        elif line.startswith("event: "):
             name = line[len("event: "):]
         elif line.startswith("data: "):
             data = json.loads(line[len("data: "):])
         elif not line and name is not None:
-            yield name, data
-            name, data = None, None
+            yield name, data, event_id
+            name, data, event_id = None, None, None
     if name is not None:
-        yield name, data
+        yield name, data, event_id
 
 
 def error_reason(response: httpx.Response) -> str:
