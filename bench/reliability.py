@@ -6,6 +6,8 @@ stops. Sources are mixed: inline `documents`, offline `corpus` doc ids and `trac
 crawler and vector traces written to a temporary trace folder). Under that load, two fault drills:
 - replica kill: once the autoscaler has added the second replica (or at a deadline), the engine
   replica holding the most sessions is killed; its sessions must finish elsewhere (`recovered`);
+- ingress kill: with two ingress replicas, one is killed halfway through the arrivals; streams it
+  carried are resumed with Last-Event-ID (cut mid-answer) or asked again (cut before the answer);
 - client disconnects: some clients leave mid-retrieval (after their first context event), some
   mid-answer (after their first token); their sessions must not leak.
 Afterwards the cluster must drain: no sessions, KV back to the idle level, no ingress session logs.
@@ -33,8 +35,8 @@ import httpx
 
 from bench.http_replay import poll_cluster, write_request_traces
 from bench.results_meta import engine_dtype, start_run, write_results
-from bench.reliability_drills import (collect_memory, drain, kill_busiest_replica, send_session,
-                                      summarize)
+from bench.reliability_drills import (collect_memory, drain, kill_an_ingress, kill_busiest_replica,
+                                      send_session, summarize)
 from stream2llm.data.corpus import documents_by_id, load_grounded_questions
 from stream2llm.data.traces import poisson_arrivals, synthetic_crawler_traces, synthetic_vector_traces
 
@@ -58,6 +60,8 @@ class LoadSpec:
     leave_mid_answer: float = 0.1      # ... after its first answer token (those ask for long answers)
     kill: bool = True
     kill_deadline_s: float = 90.0      # until then the kill waits for a second replica; then kills anyway
+    ingress_replicas: int = 2
+    kill_ingress_at_s: float | None = 30.0  # None: no ingress kill
     min_replicas: int = 1
     max_replicas: int = 2
     drain_timeout_s: float = 20.0
@@ -86,6 +90,7 @@ def app_config(spec: LoadSpec, trace_dir: Path):
         "replicas": {"min_replicas": spec.min_replicas, "max_replicas": spec.max_replicas,
                      "num_cpus": 0.5, "report_interval_s": 0.5, "upscale_delay_s": 1.0,
                      "downscale_delay_s": 8.0, "target_kv_frac": 0.5, "sessions_per_replica": 2.0},
+        "ingress": {"replicas": spec.ingress_replicas},
         "retrievers": {"trace_dir": str(trace_dir), "trace_multiplier": spec.trace_multiplier},
         "limits": {"max_queue": 8, "admission_timeout_s": 30.0, "session_ttl_s": SESSION_TTL_S,
                    "max_context_tokens": 1800},
@@ -140,6 +145,9 @@ async def run_load(base: str, spec: LoadSpec, plans: list[Planned]) -> dict:
         kill_record: dict = {}
         kill = asyncio.create_task(kill_busiest_replica(http, base, t0, spec.kill_deadline_s, kill_record)
                                    if spec.kill else asyncio.sleep(0, {"killed": False}))
+        ingress_record: dict = {}
+        ingress_kill = (asyncio.create_task(kill_an_ingress(t0, spec.kill_ingress_at_s, ingress_record))
+                        if spec.kill_ingress_at_s is not None else None)
         try:
             records = await asyncio.gather(*(send_session(http, base, p, t0, spec.session_timeout_s)
                                              for p in plans))
@@ -147,12 +155,15 @@ async def run_load(base: str, spec: LoadSpec, plans: list[Planned]) -> dict:
             load_s = time.monotonic() - t0
             killed = await kill if kill_record else await _outcome_of(kill, {"killed": False, "reason": (
                 "the load ended first: no second replica and no deadline reached while a replica held a session")})
+            ingress_killed = {"killed": False} if ingress_kill is None else (
+                await ingress_kill if ingress_record else await _outcome_of(
+                    ingress_kill, {"killed": False, "reason": "the load ended before the kill time"}))
             drained = await drain(http, base, idle["kv_blocks_used"], spec.drain_timeout_s)
             if not drained["drained"]:  # a leak: is it freed by the replicas' idle-session TTL?
                 drained["after_ttl"] = await drain(http, base, idle["kv_blocks_used"], SESSION_TTL_S + 15)
             stop.set()
             series, mem = await cluster, await memory
-    return {"records": list(records), "kill": killed, "drain": drained, "series": series, "memory": mem,
+    return {"records": list(records), "kill": killed, "ingress_kill": ingress_killed, "drain": drained, "series": series, "memory": mem,
             "idle": idle, "load_s": round(load_s, 2),
             "slos_ms": {"ttft": spec.slo_ttft_ms} if spec.slo_ttft_ms else None}
 
@@ -176,7 +187,7 @@ def run(spec: LoadSpec, trace_dir: Path) -> dict:
         raw = asyncio.run(run_load(base, spec, plans))
     report = summarize(raw, plans)
     report["spec"] = asdict(spec)
-    report["app"] = config.model_dump(include={"model", "replicas", "limits"})
+    report["app"] = config.model_dump(include={"model", "replicas", "limits", "ingress"})
     report["wall_s"] = {"startup": round(ready - started, 1), "load_and_drills": round(time.monotonic() - ready, 1)}
     return report
 
@@ -193,6 +204,11 @@ def parse_args(argv=None):
     p.add_argument("--max-replicas", type=int, default=d.max_replicas)
     p.add_argument("--kill-deadline", type=float, default=d.kill_deadline_s,
                    help="seconds into the load by which the kill drill fires even with one replica")
+    p.add_argument("--ingress-replicas", type=int, default=d.ingress_replicas)
+    p.add_argument("--kill-ingress-at", type=float, default=d.kill_ingress_at_s, metavar="S",
+                   help="seconds into the load at which one ingress replica is killed")
+    p.add_argument("--no-ingress-kill", dest="kill_ingress_at", action="store_const", const=None,
+                   help="skip the ingress-kill drill")
     p.add_argument("--slo-ttft", type=float, default=None, metavar="MS", help="TTFT SLO (ms) for request_goodput")
     p.add_argument("--out", default=str(RESULTS))
     return p.parse_args(argv)
@@ -204,12 +220,13 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     spec = LoadSpec(sessions=args.sessions, duration_s=args.duration, seed=args.seed, model=args.model,
                     kill=args.kill, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                    kill_deadline_s=args.kill_deadline, slo_ttft_ms=args.slo_ttft)
+                    kill_deadline_s=args.kill_deadline, slo_ttft_ms=args.slo_ttft,
+                    ingress_replicas=args.ingress_replicas, kill_ingress_at_s=args.kill_ingress_at)
     with tempfile.TemporaryDirectory(prefix="stream2llm-traces-") as folder:
         meta = start_run(spec.model, engine_dtype(app_config(spec, Path(folder)).model.dtype), seeds=[spec.seed])
         report = run(spec, Path(folder))
     out = write_results(Path(args.out), report, meta)
-    print(json.dumps({k: report[k] for k in ("counts", "recovered", "kill", "leaks", "memory_mb", "replicas",
+    print(json.dumps({k: report[k] for k in ("counts", "recovered", "resumed", "reasked", "kill", "ingress_kill", "leaks", "memory_mb", "replicas",
                                               "wall_s")}, indent=1))
     serving = report["serving"]
     print(json.dumps({k: serving[k] for k in ("completed", "median_ttft_ms", "p99_ttft_ms", "median_e2el_ms",

@@ -3,7 +3,14 @@
 - `send_session`: one open-loop /v1/rag session (`pipeline.rag_client.ask`), or a client that
   leaves on purpose at its first `context` event (mid-retrieval) or first `token` (mid-answer);
 - `collect_memory`: RSS of this Ray cluster's processes and Serve's running replica count over time;
-- `kill_busiest_replica`: the replica-kill drill; `drain`: the leak check after the load.
+- `kill_busiest_replica`: the replica-kill drill; `kill_an_ingress`: the ingress-kill drill;
+  `drain`: the leak check after the load.
+
+A client whose stream is cut after the answer began reconnects with Last-Event-ID (the rest of the
+answer, nothing run again: `resumed`); one cut before any answer event, or refused by Serve's proxy
+with no ingress answering (5xx), asks again once, as a user would (`reasked`: retrieval and
+generation run again). Either is counted; neither hides a loss: a
+session is lost only when no attempt brought a final event.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from pipeline.rag_client import RagResult, apply_event, ask, error_reason, sse_e
 from stream2llm.data.traces import PromptMode
 
 MEMORY_INTERVAL_S = 1.0
-APP, DEPLOYMENT = "stream2llm", "EngineReplica"
+APP, DEPLOYMENT, INGRESS = "stream2llm", "EngineReplica", "Ingress"
+RESUME_ATTEMPTS = 3
 
 
 # ---- one session ------------------------------------------------------------------------------
@@ -38,7 +46,7 @@ async def ask_and_leave(http: httpx.AsyncClient, base: str, question: str, sourc
                 await response.aread()
                 result.error = error_reason(response)
                 return result, False
-            async for name, data in sse_events(response):
+            async for name, data, _ in sse_events(response):
                 apply_event(result, name, data)
                 if name == leave_on:
                     return result, True  # leaving the block closes the connection
@@ -72,10 +80,27 @@ def is_lost(result: RagResult) -> bool:
     return cut or (isinstance(transport, type) and issubclass(transport, httpx.HTTPError))
 
 
-async def _one(http: httpx.AsyncClient, base: str, plan) -> tuple[RagResult, bool]:
-    if plan.leave_on is None:
-        return await ask(http, base, plan.question, plan.source, max_tokens=plan.max_tokens), False
-    return await ask_and_leave(http, base, plan.question, plan.source, plan.leave_on, plan.max_tokens)
+def _cut_before_answer(result: RagResult) -> bool:
+    """No answer event came, and the request was cut (a lost stream) or refused by Serve's proxy
+    (a 5xx with no ingress id: no ingress answered it, e.g. the one it went to died)."""
+    if result.last_event_id is not None or result.final:
+        return False
+    refused_by_proxy = result.status >= 500 and not (result.ingresses and result.ingresses[-1])
+    return is_lost(result) or refused_by_proxy
+
+
+async def _one(http: httpx.AsyncClient, base: str, plan) -> tuple[RagResult, bool, RagResult | None]:
+    """The result, whether the client left on purpose, and the first attempt when it asked again."""
+    if plan.leave_on is not None:
+        return (*await ask_and_leave(http, base, plan.question, plan.source, plan.leave_on, plan.max_tokens), None)
+    result = await ask(http, base, plan.question, plan.source, max_tokens=plan.max_tokens,
+                       resume_attempts=RESUME_ATTEMPTS)
+    if not _cut_before_answer(result):
+        return result, False, None
+    again = await ask(http, base, plan.question, plan.source, max_tokens=plan.max_tokens,
+                      resume_attempts=RESUME_ATTEMPTS)
+    again.sent_at = result.sent_at  # the user's wait counts from the first attempt
+    return again, False, result
 
 
 async def send_session(http: httpx.AsyncClient, base: str, plan, t0: float, timeout_s: float) -> dict:
@@ -83,11 +108,11 @@ async def send_session(http: httpx.AsyncClient, base: str, plan, t0: float, time
     await asyncio.sleep(max(0.0, t0 + plan.at_s - time.monotonic()))
     sent = time.monotonic()
     try:
-        result, left = await asyncio.wait_for(_one(http, base, plan), timeout_s)
+        result, left, first = await asyncio.wait_for(_one(http, base, plan), timeout_s)
         timed_out = False
     except asyncio.TimeoutError:
         result = RagResult(plan.question, PromptMode.STREAM, sent_at=sent, done_at=time.monotonic())
-        left, timed_out = False, True
+        left, timed_out, first = False, True, None
         result.error = f"no final event within {timeout_s:.0f} s"
     return {"index": plan.index, "kind": plan.kind, "leave_on": plan.leave_on, "at_s": round(plan.at_s, 3),
             "sent_s": round(result.sent_at - t0, 3), "latency_s": result.latency_s, "ttft_s": result.ttft_s,
@@ -95,7 +120,10 @@ async def send_session(http: httpx.AsyncClient, base: str, plan, t0: float, time
             **relative_timings(result),
             "error": result.error, "retrieval_done": result.retrieval_done_at is not None,
             "answered_tokens": bool(result.first_token_at), "recovered": bool(result.final.get("recovered")),
-            "replica_id": result.final.get("replica_id"), "contexts": result.contexts, "skipped": result.skipped}
+            "replica_id": result.final.get("replica_id"), "contexts": result.contexts, "skipped": result.skipped,
+            "resumed": result.resumed, "reasked": first is not None,
+            "cut_error": None if first is None else first.error,
+            "ingresses": (first.ingresses if first else []) + result.ingresses}
 
 
 # ---- cluster-side sampling and drills --------------------------------------------------------------
@@ -138,15 +166,15 @@ async def collect_memory(stop: asyncio.Event, t0: float, interval_s: float = MEM
     return samples
 
 
-def _kill(replica_id: str) -> None:
+def _kill(replica_id: str, deployment: str = DEPLOYMENT) -> None:
     import ray
 
-    actor = ray.get_actor(f"SERVE_REPLICA::{APP}#{DEPLOYMENT}#{replica_id}", namespace="serve")
+    actor = ray.get_actor(f"SERVE_REPLICA::{APP}#{deployment}#{replica_id}", namespace="serve")
     ray.kill(actor, no_restart=True)
 
 
-def routable_replicas() -> set[str] | None:
-    """Engine replicas Serve's controller counts as RUNNING: the list it pushes to the routers.
+def routable_replicas(deployment: str = DEPLOYMENT) -> set[str] | None:
+    """Replicas Serve's controller counts as RUNNING: the list it pushes to the routers.
 
     Private API (the controller's `get_serve_instance_details`, what `serve status` and the
     dashboard read): the public `serve.status()` has only counts, which cannot tell a dead
@@ -158,16 +186,17 @@ def routable_replicas() -> set[str] | None:
     with contextlib.suppress(Exception):
         controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
         details = ray.get(controller.get_serve_instance_details.remote(), timeout=5)
-        replicas = details["applications"][APP]["deployments"][DEPLOYMENT]["replicas"]
+        replicas = details["applications"][APP]["deployments"][deployment]["replicas"]
         return {r["replica_id"] for r in replicas if str(r["state"]).endswith("RUNNING")}
     return None
 
 
-async def _dropped_by_controller_s(replica_id: str, killed_at: float, timeout_s: float = 60.0) -> float | None:
+async def _dropped_by_controller_s(replica_id: str, killed_at: float, deployment: str = DEPLOYMENT,
+                                   timeout_s: float = 60.0) -> float | None:
     """Seconds from the kill until the controller no longer lists the replica as running (routers
     follow that list), polled every 50 ms. None: still listed after `timeout_s`."""
     while time.monotonic() - killed_at < timeout_s:
-        routable = await asyncio.to_thread(routable_replicas)
+        routable = await asyncio.to_thread(routable_replicas, deployment)
         if routable is not None and replica_id not in routable:
             return round(time.monotonic() - killed_at, 3)
         await asyncio.sleep(0.05)
@@ -196,6 +225,22 @@ async def kill_busiest_replica(http: httpx.AsyncClient, base: str, t0: float, de
                 record["was_routable"] = listed
                 return record
         await asyncio.sleep(0.25)
+
+
+async def kill_an_ingress(t0: float, at_s: float, record: dict) -> dict:
+    """At `at_s` into the load, kill one of the running ingress replicas (the proxy spreads streams
+    over them, so some are mid-retrieval and some mid-answer on it); time until the controller drops
+    it. Serve starts a replacement; the clients cut by the kill resume or ask again."""
+    await asyncio.sleep(max(0.0, t0 + at_s - time.monotonic()))
+    running = sorted(await asyncio.to_thread(routable_replicas, INGRESS) or ())
+    if len(running) < 2:  # killing the only ingress would cut the whole HTTP side: not this drill
+        return {"killed": False, "reason": f"{len(running)} ingress replica(s) running at {at_s} s"}
+    victim = running[0]
+    await asyncio.to_thread(_kill, victim, INGRESS)
+    killed_at = time.monotonic()
+    record.update(killed=True, replica_id=victim, at_s=round(killed_at - t0, 2), ingress_replicas=len(running))
+    record["dropped_by_controller_s"] = await _dropped_by_controller_s(victim, killed_at, INGRESS)
+    return record
 
 
 async def drain(http: httpx.AsyncClient, base: str, idle_kv_blocks: int, timeout_s: float) -> dict:
@@ -234,6 +279,17 @@ def _changes(samples: list[dict], key: str) -> list[tuple[float, int]]:
     return out
 
 
+def _ingress_kill_outcome(kill: dict, records: list[dict]) -> dict:
+    """The drill's record with what became of the sessions whose stream the killed ingress carried."""
+    if not kill.get("killed"):
+        return kill
+    cut = [r for r in records if r["resumed"] or r["reasked"]]
+    on_victim = [r for r in cut if kill["replica_id"] in r["ingresses"]]
+    refused = [r for r in cut if r["reasked"] and r["ingresses"][:1] == [""]]  # no ingress id: the proxy's 5xx
+    return {**kill, "sessions_cut": len(cut), "cut_on_the_killed_ingress": len(on_victim),
+            "refused_by_proxy": len(refused), "cut_outcomes": dict(Counter(r["outcome"] for r in cut))}
+
+
 def summarize(raw: dict, plans) -> dict:
     records, memory, series = raw["records"], raw["memory"], raw["series"]
     by = Counter(r["outcome"] for r in records)
@@ -251,7 +307,10 @@ def summarize(raw: dict, plans) -> dict:
     return {
         "counts": counts,
         "recovered": sum(r["recovered"] for r in answered),
+        "resumed": sum(r["resumed"] > 0 for r in answered),  # cut mid-answer, the rest read on reconnect
+        "reasked": sum(r["reasked"] for r in answered),       # cut before the answer began, asked again
         "kill": raw["kill"],
+        "ingress_kill": _ingress_kill_outcome(raw.get("ingress_kill", {"killed": False}), records),
         "leaks": raw["drain"],
         "memory_mb": {"ray_start": mem[0] if mem else None, "ray_peak": max(mem, default=None),
                       "ray_final": mem[-1] if mem else None, "workers_start": workers[0] if workers else None,
