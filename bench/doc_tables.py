@@ -218,6 +218,16 @@ def reliability(data: dict) -> str:
     text += (f"\n\nReplica kill: {'at ' + num(kill.get('at_s')) + ' s' if kill.get('killed') else 'not done'}"
              f"{routing}; drained: {drained}; latency p50 {seconds(data['latency_s']['p50'])}, "
              f"p95 {seconds(data['latency_s']['p95'])}.")
+    ingress = data.get("ingress_kill")
+    if ingress and ingress.get("killed"):
+        text += (f"\n\nIngress kill: one of {ingress['ingress_replicas']} ingress replicas at {num(ingress['at_s'])} s, "
+                 f"dropped from Serve's running replicas after {seconds(ingress['dropped_by_controller_s'])}; "
+                 f"streams cut: {ingress['sessions_cut']} ({ingress['cut_on_the_killed_ingress']} on the killed ingress, "
+                 f"{ingress['refused_by_proxy']} refused by the proxy for it); resumed with Last-Event-ID: "
+                 f"{data['resumed']}, asked again: {data['reasked']}; their outcomes: "
+                 f"{', '.join(f'{k} {v}' for k, v in sorted(ingress['cut_outcomes'].items())) or 'none'}.")
+    elif ingress is not None:
+        text += f"\n\nIngress kill: not done ({ingress.get('reason', 'not asked for')})."
     if "serving" not in data:
         text += " `lost` in this file is a subset of `failed` (recorded before they were separated)."
     return text

@@ -11,8 +11,8 @@ engine's own figure for the same request (from handing over the question to its 
 With `resume_attempts`, a stream cut after the answer began (its ingress died, a proxy dropped the
 connection) is picked up again with `Last-Event-ID`, the id of the last answer event received: the
 ingress that takes the reconnect serves the rest of the answer from its replica, with no retrieval
-and no generation run again. A stream cut before any answer event cannot be resumed (context events
-carry no id): the caller may ask again.
+and no generation run again. A stream cut before any answer event cannot be resumed (a context
+event's id does not lead back into a retrieval): the caller may ask again.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import httpx
 from pipeline.http_util import INGRESS_HEADER
 from stream2llm.data.traces import PromptMode
 
+ANSWER_EVENTS = ("token", "final")
 RESUME_BACKOFF_S = 0.5  # times the attempt number: a reconnect may meet the dead ingress once more
 
 
@@ -118,7 +119,8 @@ async def _read(http: httpx.AsyncClient, url: str, body: dict, headers: dict | N
                 return
             async for name, data, event_id in sse_events(response):
                 apply_event(result, name, data)
-                result.last_event_id = event_id or result.last_event_id
+                if event_id and name in ANSWER_EVENTS:  # context events' ids cannot be resumed from
+                    result.last_event_id = event_id
     except httpx.HTTPError as e:
         result.error = f"{type(e).__name__}: {e}"
     if result.error is None and not result.final:

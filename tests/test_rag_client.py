@@ -67,7 +67,7 @@ async def test_an_answer_cut_mid_way_is_resumed_from_the_last_answer_event():
 
 async def test_a_stream_cut_before_any_answer_event_is_not_resumed():
     seen: list = []
-    result = await _ask([(200, sse("context", {"source_id": "d"}), True, "a")], seen)
+    result = await _ask([(200, sse("context", {"source_id": "d"}, "s.c1"), True, "a")], seen)
     assert not result.ok and result.resumed == 0 and len(seen) == 1
     assert result.last_event_id is None and result.error.startswith("RemoteProtocolError")
 
