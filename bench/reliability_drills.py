@@ -307,8 +307,8 @@ def summarize(raw: dict, plans) -> dict:
     return {
         "counts": counts,
         "recovered": sum(r["recovered"] for r in answered),
-        "resumed": sum(r["resumed"] > 0 for r in answered),  # cut mid-answer, the rest read on reconnect
-        "reasked": sum(r["reasked"] for r in answered),       # cut before the answer began, asked again
+        "resumed": sum(r["resumed"] > 0 for r in records),  # cut mid-answer, reconnected (outcomes: ingress_kill)
+        "reasked": sum(r["reasked"] for r in records),       # cut before the answer began, asked again
         "kill": raw["kill"],
         "ingress_kill": _ingress_kill_outcome(raw.get("ingress_kill", {"killed": False}), records),
         "leaks": raw["drain"],
