@@ -24,6 +24,7 @@ import httpx
 
 from bench.http_replay import percentile, relative_timings
 from bench.serving_metrics import record_from_summary, serving_metrics
+from pipeline.http_util import INGRESS_HEADER
 from pipeline.rag_client import RagResult, apply_event, ask, error_reason, sse_events
 from stream2llm.data.traces import PromptMode
 
@@ -42,6 +43,7 @@ async def ask_and_leave(http: httpx.AsyncClient, base: str, question: str, sourc
     try:
         async with http.stream("POST", f"{base}/v1/rag", json=body) as response:
             result.status = response.status_code
+            result.ingresses.append(response.headers.get(INGRESS_HEADER, ""))
             if response.status_code != 200:
                 await response.aread()
                 result.error = error_reason(response)
@@ -89,18 +91,21 @@ def _cut_before_answer(result: RagResult) -> bool:
     return is_lost(result) or refused_by_proxy
 
 
+async def _attempt(http: httpx.AsyncClient, base: str, plan) -> tuple[RagResult, bool]:
+    if plan.leave_on is not None:
+        return await ask_and_leave(http, base, plan.question, plan.source, plan.leave_on, plan.max_tokens)
+    return await ask(http, base, plan.question, plan.source, max_tokens=plan.max_tokens,
+                     resume_attempts=RESUME_ATTEMPTS), False
+
+
 async def _one(http: httpx.AsyncClient, base: str, plan) -> tuple[RagResult, bool, RagResult | None]:
     """The result, whether the client left on purpose, and the first attempt when it asked again."""
-    if plan.leave_on is not None:
-        return (*await ask_and_leave(http, base, plan.question, plan.source, plan.leave_on, plan.max_tokens), None)
-    result = await ask(http, base, plan.question, plan.source, max_tokens=plan.max_tokens,
-                       resume_attempts=RESUME_ATTEMPTS)
-    if not _cut_before_answer(result):
-        return result, False, None
-    again = await ask(http, base, plan.question, plan.source, max_tokens=plan.max_tokens,
-                      resume_attempts=RESUME_ATTEMPTS)
+    result, left = await _attempt(http, base, plan)
+    if left or not _cut_before_answer(result):
+        return result, left, None
+    again, left = await _attempt(http, base, plan)
     again.sent_at = result.sent_at  # the user's wait counts from the first attempt
-    return again, False, result
+    return again, left, result
 
 
 async def send_session(http: httpx.AsyncClient, base: str, plan, t0: float, timeout_s: float) -> dict:
