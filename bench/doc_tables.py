@@ -144,6 +144,13 @@ def pipeline(data: dict) -> str:
     fmt = {"sessions_per_s": num, "pipeline_overhead_p50_s": lambda v: ms(_ms(v))}
     rows = [[label, fmt.get(key, seconds)(s.get(key)), fmt.get(key, seconds)(o.get(key))] for label, key in keys]
     rows += _serving_rows(s.get("serving"), o.get("serving"))
+    if s.get("ingress") and o.get("ingress"):
+        si, oi = s["ingress"], o["ingress"]
+        rows += [["Ray hops per context piece", num(si["ray_hops_per_chunk"]), num(oi["ray_hops_per_chunk"])],
+                 ["ingress CPU per session", seconds(si["ingress_cpu_s_per_session"]),
+                  seconds(oi["ingress_cpu_s_per_session"])],
+                 ["chunk text through the ingress per session", f"{num(si['ingress_chunk_bytes_per_session'])} B",
+                  f"{num(oi['ingress_chunk_bytes_per_session'])} B"]]
     ratio = data.get("throughput_ratio")
     verdict = MISSING if ratio is None else ("met" if ratio >= data.get("throughput_target", 0.95) else "**missed**")
     return (table(["", "stream", "one-shot"], rows) + "\n\n"

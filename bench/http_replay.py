@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench import ingress_costs
 from bench.serving_metrics import MetricsError, record_from_summary, serving_metrics
 
 from stream2llm.data.traces import (PromptMode, QueryTrace, poisson_arrivals, read_crawler_csv, read_vector_csv,
@@ -211,6 +212,7 @@ async def run_cell(base: str, requests: list[tuple[str, str]], arrivals: list[fl
         t0 = time.monotonic()
         stop = asyncio.Event()
         poller = asyncio.create_task(poll_cluster(http, base, stop, t0))
+        counters_before = await ingress_costs.scrape(http, base)
 
         async def tracked(name, question, at):
             summary = await _one(http, base, name, question, t0 + at, mode, max_tokens)
@@ -227,10 +229,11 @@ async def run_cell(base: str, requests: list[tuple[str, str]], arrivals: list[fl
                 summaries = [r for batch in await asyncio.gather(*(client() for _ in range(clients))) for r in batch]
             else:
                 summaries = await asyncio.gather(*(tracked(n, q, at) for (n, q), at in zip(requests, arrivals)))
+            ingress = ingress_costs.per_session(counters_before, await ingress_costs.scrape(http, base), summaries)
         finally:
             stop.set()
             series = await poller
-    return {"requests": sorted(summaries, key=lambda r: r["trace"]), "series": series}
+    return {"requests": sorted(summaries, key=lambda r: r["trace"]), "series": series, "ingress": ingress}
 
 
 # ---- whole benchmark ----------------------------------------------------------------------------

@@ -14,6 +14,9 @@ TTFT is the client's: from the `retrieval_done` event to the first answer token 
 `vllm bench serve` metrics (TTFT from `retrieval_done`; `--slo-ttft` for goodput).
 `pipeline_overhead_p50_s` is the median over all answered requests of that client TTFT minus the
 engine's own TTFT for the same request (ingress, Serve handle routing and SSE on the way back).
+Per mode, `ingress` holds what the (one) ingress replica did per session: CPU seconds, chunk text
+bytes it handled, and Ray hops per context piece (`bench.ingress_costs`; streamed: 1, the replicas
+pull the retriever's stream themselves; one-shot: 2, the baseline buffers text in the ingress).
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ def summarize(result: dict) -> dict:
         "failed": stream["failed"] + oneshot["failed"],
         "rejected": stream["rejected"] + oneshot["rejected"],
         "pipeline_overhead_p50_s": aggregate(result["requests"])["pipeline_overhead_p50_s"],
+        "ray_hops_per_chunk": stream["ingress"]["ray_hops_per_chunk"],  # bench.ingress_costs; target 1
         "wall_s": result["wall_s"], "command": result["command"], "config": result["config"],
         "requests": [{k: r.get(k) for k in REQUEST_KEYS} for r in result["requests"]],
     }
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     write_results(args.output, summary, meta)
     figures = plot_all(result, args.out or args.output.parent, prefix="pipeline_")
     for key in ("load", "throughput_ratio", "throughput_parity_met", "e2e_s", "speedup_p50", "pipeline_overhead_p50_s",
-                "failed", "wall_s"):
+                "ray_hops_per_chunk", "failed", "wall_s"):
         print(f"{key}: {summary[key]}")
     print(f"wrote {args.output}, " + ", ".join(str(p) for p in figures))
     return 0 if summary["failed"] == 0 else 1

@@ -7,7 +7,7 @@ the ingress as sessions finish.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -40,6 +40,8 @@ class PipelineMetrics:
             "actors themselves (one Ray hop each; the ingress got a summary)", registry=r)
         self.queued = Gauge("stream2llm_admission_queue", "Sessions waiting for admission", registry=r)
         self.pressure = Gauge("stream2llm_cluster_kv_projected_ratio", "Projected cluster KV use", registry=r)
+        # this ingress replica's own process: CPU seconds, memory, open files (benchmarks read its CPU)
+        ProcessCollector(namespace="stream2llm_ingress", registry=r)
 
     def observe_final(self, endpoint: str, stats: dict) -> None:
         if stats.get("ttft_s") is not None:
