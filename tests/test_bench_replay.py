@@ -167,7 +167,7 @@ def test_aggregate_reports_e2e_throughput_and_serving_metrics():
 def _cell(mode, answered, makespan):
     return {"mode": mode, "clients": 4, "answered": answered, "sessions": answered, "failed": 0, "rejected": 0,
             "ttft_p50_s": 1.0, "ttft_p95_s": 2.0, "makespan_s": makespan, "sessions_per_s": answered / makespan,
-            "e2e_p50_s": 5.0, "e2e_p99_s": 9.0}
+            "e2e_p50_s": 5.0, "e2e_p99_s": 9.0, "ingress": {"ray_hops_per_chunk": 1.0 if mode == "stream" else 2.0}}
 
 
 @pytest.mark.parametrize("stream_makespan, met", [(40.0, True), (50.0, False)])
@@ -180,6 +180,7 @@ def test_throughput_parity_can_fail(stream_makespan, met):
     assert summary["throughput_ratio"] == pytest.approx(40.0 / stream_makespan)
     assert summary["throughput_parity_met"] is met and summary["load"] == "closed loop, 4 clients"
     assert summary["e2e_s"]["stream"] == {"p50": 5.0, "p99": 9.0}
+    assert summary["ray_hops_per_chunk"] == 1.0  # the streamed cell's
 
 
 @pytest.mark.timeout(400)
@@ -192,6 +193,9 @@ def test_closed_loop_pipeline_bench_end_to_end(tmp_path):
                           "--output", str(out), "--out", str(tmp_path)])
     summary = json.loads(out.read_text())
     assert code == 0 and summary["failed"] == 0 and summary["meta"]["model"] == "tiny"
+    # streamed: every retrieved piece went retriever -> replica; the one-shot baseline buffers in the ingress
+    assert summary["ray_hops_per_chunk"] == 1.0 and summary["oneshot"]["ingress"]["ray_hops_per_chunk"] == 2.0
+    assert summary["stream"]["ingress"]["ingress_chunk_bytes_per_session"] == 0
     for mode in PromptMode:
         cell = summary[mode]
         assert cell["clients"] == 2 and cell["answered"] == pipeline.QUICK_REQUESTS
