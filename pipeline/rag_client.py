@@ -95,20 +95,22 @@ async def ask(http: httpx.AsyncClient, base_url: str, question: str, source: dic
             "sampling": {"max_tokens": max_tokens, "temperature": 0.0}}
     result = RagResult(question, prompt_mode, sent_at=time.monotonic())
     try:
-        await _read(http, f"{base_url}/v1/rag", body, headers, result)
-        while _resumable(result) and result.resumed < resume_attempts:
+        cut = await _read(http, f"{base_url}/v1/rag", body, headers, result)
+        while cut and result.last_event_id is not None and result.resumed < resume_attempts:
             result.resumed += 1
             await asyncio.sleep(RESUME_BACKOFF_S * result.resumed)
             result.error = None
-            await _read(http, f"{base_url}/v1/rag", body, {**(headers or {}), "Last-Event-ID": result.last_event_id},
-                        result)
+            cut = await _read(http, f"{base_url}/v1/rag", body,
+                              {**(headers or {}), "Last-Event-ID": result.last_event_id}, result)
     finally:
         result.done_at = time.monotonic()
     return result
 
 
-async def _read(http: httpx.AsyncClient, url: str, body: dict, headers: dict | None, result: RagResult) -> None:
-    """One POST and its events into `result`; a cut or failed stream leaves `error` set."""
+async def _read(http: httpx.AsyncClient, url: str, body: dict, headers: dict | None, result: RagResult) -> bool:
+    """One POST and its events into `result`; a cut or failed stream leaves `error` set. True when
+    trying again may help: the stream was cut (a transport error, or it ended with neither a final
+    nor an error event) or a server-side 5xx; an error event or a 4xx is the answer."""
     try:
         async with http.stream("POST", url, json=body, headers=headers) as response:
             result.status = response.status_code
@@ -116,22 +118,18 @@ async def _read(http: httpx.AsyncClient, url: str, body: dict, headers: dict | N
             if response.status_code != 200:
                 await response.aread()
                 result.error = error_reason(response)
-                return
+                return response.status_code >= 500
             async for name, data, event_id in sse_events(response):
                 apply_event(result, name, data)
                 if event_id and name in ANSWER_EVENTS:  # context events' ids cannot be resumed from
                     result.last_event_id = event_id
     except httpx.HTTPError as e:
         result.error = f"{type(e).__name__}: {e}"
+        return True
     if result.error is None and not result.final:
         result.error = "the stream ended without a final event"
-
-
-def _resumable(result: RagResult) -> bool:
-    """Cut (or refused by a failing ingress) after an answer event, with no final event yet."""
-    if result.final or result.last_event_id is None or result.error is None:
-        return False
-    return result.status == 200 or result.status >= 500
+        return True
+    return False
 
 
 def apply_event(result: RagResult, name: str, data: dict) -> None:

@@ -72,6 +72,14 @@ async def test_a_stream_cut_before_any_answer_event_is_not_resumed():
     assert result.last_event_id is None and result.error.startswith("RemoteProtocolError")
 
 
+async def test_an_error_event_after_answer_events_is_the_answer_not_a_cut():
+    seen: list = []
+    body = token("Li", "s.r1.1") + sse("error", {"error": "AnswerNotReproducible", "reason": "sampled"})
+    result = await _ask([(200, body, False, "a")], seen)
+    assert not result.ok and result.resumed == 0 and len(seen) == 1
+    assert result.error == "AnswerNotReproducible: sampled"
+
+
 async def test_resume_gives_up_after_its_attempts_and_a_client_error_is_final():
     seen: list = []
     cut = (200, token("Li", "s.r1.1"), True, "a")
