@@ -1,12 +1,13 @@
 """`bench.reliability` on a small load: real Ray + Serve on loopback, tiny model.
 
 Eight sessions of mixed sources (inline documents, corpus ids, crawler and vector trace replays),
-one client leaving mid-retrieval and one mid-answer, one engine replica killed under the load (the
-replica holding the most sessions, once both report) and one of the two ingress replicas killed 3 s
-in. Asserted: every offered session is accounted for, none is lost, none failed, both disconnects
-happened, Serve's controller dropped the killed replicas from its running replicas (the list routers
-follow), only streams of the killed ingress were cut (and were resumed or asked again), and the
-cluster drains (no session left anywhere, KV back to idle). Two fixed engine replicas. How fast the controller drops it is a
+one client set to leave mid-retrieval and one mid-answer, one engine replica killed under the load
+(the replica holding the most sessions, once both report) and one of the two ingress replicas killed
+3 s in. Asserted: every offered session is accounted for, none is lost, none failed, a disconnect
+happened (a leaver refused with 429 first never gets to leave), Serve's controller dropped both
+killed replicas from its running replicas (the list routers follow), only streams of the killed
+ingress were cut (and were resumed or asked again), and the cluster drains (no session left
+anywhere, KV back to idle). Two fixed engine replicas. How fast the controller drops a replica is a
 benchmark figure (`python -m bench.reliability`: `kill.dropped_by_controller_s`), not asserted here.
 """
 
@@ -57,7 +58,11 @@ def test_every_session_is_accounted_for_and_none_lost(report):
     assert c["offered"] == c["answered"] + c["rejected"] + c["failed"] + c["lost"] + c["disconnected"]
     assert c["lost"] == 0, report["failures"]
     assert c["failed"] == 0, report["failures"]
-    assert c["disconnected_mid_retrieval"] == 1 and c["disconnected_mid_answer"] == 1
+    # A planned leaver leaves at its first context event or token, unless it was refused first (429;
+    # also after asking again when the ingress kill cut it): the disconnect path must have run.
+    leavers = [r for r in report["records"] if r["leave_on"]]
+    assert len(leavers) == 2 and all(r["outcome"] in ("disconnected", "rejected") for r in leavers), leavers
+    assert c["disconnected"] >= 1, leavers
     assert c["answered"] >= 4
     serving = report["serving"]  # the 6 sessions not left on purpose
     assert serving["completed"] == c["answered"] and serving["failed"] == 8 - 2 - c["answered"]
