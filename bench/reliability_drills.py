@@ -24,12 +24,14 @@ import httpx
 
 from bench.http_replay import percentile, relative_timings
 from bench.serving_metrics import record_from_summary, serving_metrics
+from pipeline.app import ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT
 from pipeline.http_util import INGRESS_HEADER
 from pipeline.rag_client import RagResult, apply_event, ask, error_reason, sse_events
 from stream2llm.data.traces import PromptMode
 
 MEMORY_INTERVAL_S = 1.0
-APP, DEPLOYMENT, INGRESS = "stream2llm", "EngineReplica", "Ingress"
+APP = "stream2llm"
+DEPLOYMENT, INGRESS = ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT
 RESUME_ATTEMPTS = 3
 
 
