@@ -12,21 +12,24 @@ calls, and applies its decision to vLLM:
 - vLLM's running list and both waiting queues are put in the policy's order: who gets the step's
   token budget first, who is admitted first, and whom vLLM itself preempts when a running request
   cannot grow (it takes `running[-1]`, now the lowest-ranked running request).
+- under a policy that limits early prefill (`StepBudget.early_prefill_tokens`), waiting partial
+  streams beyond the step's allowance sit out the step while a completed prompt has work.
 - idle streaming sessions (waiting for their next chunk) are parked outside vLLM's queues and its
   `max_num_seqs` count, so open sessions never block admission of new work; a parked session keeps
   its KV until the planner evicts it and rejoins the queues when its next chunk arrives.
 
 vLLM's block rules are the planner's in the plug-in (`StepBudget.whole_chunks`,
-`admit_whole_sequence`): a chunk is cut to the token budget, never to free memory, a waiting request
-is admitted only when its whole sequence fits, and admission stops at the first that does not, so
-the planner makes room for what vLLM will schedule. Where vLLM's structure still differs from the
-simulator, which applies the decision as is: vLLM schedules its running list before any waiting
-request (a waiting request ranked above a running one gets budget after it), drains waiting
+`admit_whole_sequence`): a chunk is cut to the token budget, never to free memory, a waiting
+request is admitted only when its whole sequence fits, and admission stops at the first that does
+not, so the planner makes room for what vLLM will schedule. Where vLLM's structure still differs
+from the simulator, which applies the decision as is: vLLM schedules its running list before any
+waiting request (a waiting request ranked above a running one gets budget after it), drains waiting
 requests that hold KV before those that do not, admits no waiting request in a step where it
-preempted, and counts blocks itself (prefix-cache hits can make a request need fewer blocks than
-the planner priced). An idle stream whose KV was evicted stays blocked until its next
-chunk in both (the simulator models this too). The plug-in preempts by recompute; on a GPU with
-`kv_offload_gib`, vLLM's offloading connector (`engine/kv_offload.py`) may load a victim's KV back instead.
+preempted, cannot cut a chunk to the early-prefill allowance (it waits whole), and counts blocks
+itself (prefix-cache hits can make a request need fewer blocks than the planner priced). An idle
+stream whose KV was evicted stays blocked until its next chunk in both (the simulator models this
+too). The plug-in preempts by recompute; on a GPU with `kv_offload_gib`, vLLM's offloading
+connector (`engine/kv_offload.py`) may load a victim's KV back instead.
 
 The policy name comes from `additional_config[POLICY_KEY]` (`scheduler_additional_config`).
 """
@@ -89,8 +92,11 @@ class PolicySchedulerMixin:
             raise ValueError("the stream2llm scheduler orders vLLM's queues itself: keep vLLM's "
                              "scheduling policy 'fcfs' (its 'priority' queue cannot be reordered)")
         self.book = ViewBook(self.stream_policy, self.block_size)
-        self.step_budget = StepBudget(self.max_num_scheduled_tokens, self.block_size, whole_chunks=True,
-                                      admit_whole_sequence=self.scheduler_config.scheduler_reserve_full_isl)
+        budget = self.max_num_scheduled_tokens
+        self.step_budget = StepBudget(budget, self.block_size, whole_chunks=True,
+                                      admit_whole_sequence=self.scheduler_config.scheduler_reserve_full_isl,
+                                      early_prefill_tokens=self.stream_policy.early_prefill_tokens(budget))
+        self._held_back: list[tuple] = []  # (queue, requests) out of vLLM's queues for one step
         self.init_sessions()
         self._debt: dict[str, int] = {}  # tokens computed when last evicted/preempted, not yet back
         self._recomputed: dict[str, int] = {}  # per request: tokens computed again after that
@@ -98,7 +104,12 @@ class PolicySchedulerMixin:
     # ---- the step ----------------------------------------------------------------------
     def schedule(self, *args, **kwargs):
         self.plan_and_apply()
-        return super().schedule(*args, **kwargs)
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            for queue, requests in self._held_back:
+                queue.extend(requests)
+            self._held_back.clear()
 
     def plan_and_apply(self) -> None:
         """Order vLLM's queues by the policy and evict what the planner chose (see module doc).
@@ -121,6 +132,8 @@ class PolicySchedulerMixin:
             for preemption in decision.preempted:
                 self._evict(self.requests[preemption.request_id], now)
         self._order_queues()
+        if self.step_budget.early_prefill_tokens is not None:
+            self._hold_back_early_prefill()
 
     def _order_queues(self) -> None:
         key = self.book.key
@@ -131,6 +144,37 @@ class PolicySchedulerMixin:
                 ranked = sorted(queue, key=lambda r: key(r.request_id))
                 queue.clear()
                 queue.extend(ranked)
+
+    def _hold_back_early_prefill(self) -> None:
+        """The planner's early-prefill limit (`StepBudget.early_allowance`) on vLLM's queues.
+
+        While a completed prompt has work, waiting partial streams get the allowance in policy
+        order, less what running partial streams still have to prefill (vLLM schedules those
+        first); the rest sit out this step, off the queues until `schedule` returns. vLLM cannot cut
+        one request's chunk to what is left of the allowance, so such a chunk waits whole (the
+        simulator cuts it)."""
+        views = self.book.views
+        queues = (self.running, self.kv_holding_waiting, self.waiting)
+        if not any(views[r.request_id].complete for queue in queues for r in queue):
+            return
+        left = self.step_budget.early_prefill_tokens
+        for request in self.running:
+            view = views[request.request_id]
+            if not view.complete:
+                left -= view.num_tokens_to_compute
+        for queue in queues[1:]:
+            kept, held = [], []
+            for request in queue:
+                view = views[request.request_id]
+                if view.complete or view.num_tokens_to_compute <= left:
+                    left -= 0 if view.complete else view.num_tokens_to_compute
+                    kept.append(request)
+                else:
+                    held.append(request)
+            if held:
+                queue.clear()
+                queue.extend(kept)
+                self._held_back.append((queue, held))
 
     # ---- eviction ----------------------------------------------------------------------
     def _evict(self, request, now: float) -> None:

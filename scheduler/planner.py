@@ -14,6 +14,8 @@ evicting a higher-ranked one is not scheduled this step. One exception keeps the
 nothing in the policy's order can compute (idle holders ranked ahead of all work, as in
 default_vllm's order), the first request with work that fits on its own is moved to the front and
 may take memory from requests with nothing to compute, and only from those.
+A policy may limit early prefill (`StepBudget.early_prefill_tokens`): while a completed prompt has
+work, partial streams share that many tokens of the step, and phase 1 gives them no more.
 The planner never touches the views: the owner applies the returned decision.
 """
 
@@ -47,10 +49,33 @@ class StepBudget:
     block_size: int
     whole_chunks: bool = False
     admit_whole_sequence: bool = False
+    # Tokens of early prefill (partial streams) a step may carry while a completed prompt has work
+    # in it; None: no limit. From the policy (`Policy.early_prefill_tokens`).
+    early_prefill_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_tokens <= 0 or self.block_size <= 0:
             raise PlannerError(f"budget must be positive: {self}")
+        if self.early_prefill_tokens is not None and self.early_prefill_tokens < 0:
+            raise PlannerError(f"early_prefill_tokens must be >= 0: {self}")
+
+    def early_allowance(self, ordered: Sequence[RequestView]) -> int:
+        """Tokens partial streams may prefill this step: the whole budget, unless the policy limits
+        early prefill and some completed prompt (a prefill whose TTFT clock runs, or a decode) has
+        work, which every extra token of the step would delay."""
+        if self.early_prefill_tokens is None or not any(
+                view.complete and view.num_tokens_to_compute for view in ordered):
+            return self.max_num_tokens
+        return self.early_prefill_tokens
+
+    def early_limit(self, view: RequestView, work: int, token_left: int, early_left: int) -> int:
+        """The tokens `view` may be given (before memory) with `early_left` of the allowance left;
+        under `whole_chunks` a partial stream's chunk is not cut to the allowance: it waits."""
+        if view.complete:
+            return token_left
+        if self.whole_chunks and min(work, token_left) > early_left:
+            return 0
+        return min(token_left, early_left)
 
 
 @dataclass(frozen=True)
@@ -98,19 +123,24 @@ def choose(ordered: Sequence[RequestView], budget: StepBudget, capacity: int) ->
     """Phase 1: (rank, view, tokens, blocks held after the step) for every request that keeps memory."""
     chosen = []
     token_left, block_left = budget.max_num_tokens, capacity
+    early_left = budget.early_allowance(ordered)
     admitting = True  # vLLM stops admitting at the first waiting request that does not fit
     for rank, view in enumerate(ordered):
         held = view.num_kv_blocks
         # Once the token budget is spent the rest only keep memory: skip pricing their work.
         if token_left and (work := view.num_tokens_to_compute) and (admitting or not view.awaiting_admission):
-            tokens = _tokens_that_fit(view, work, token_left, block_left, budget)
+            limit = budget.early_limit(view, work, token_left, early_left)
+            tokens = _tokens_that_fit(view, work, limit, block_left, budget) if limit else 0
             if tokens > 0:
                 after = _blocks_after(view, tokens, budget)
                 chosen.append((rank, view, tokens, after))
                 token_left -= tokens
+                early_left -= 0 if view.complete else tokens
                 block_left -= after
                 continue
-            if budget.admit_whole_sequence and view.awaiting_admission:
+            # a stream held back by the early-prefill limit leaves vLLM's queues for the step
+            # (the plug-in), so it does not end admission
+            if limit and budget.admit_whole_sequence and view.awaiting_admission:
                 admitting = False
         if held and held <= block_left:
             chosen.append((rank, view, 0, held))

@@ -37,16 +37,40 @@ def test_idle_sessions_do_not_hold_slots(policy):
     assert len(s.book) == 0 and not s.parked and not s.requests  # nothing outlives its request
 
 
-def test_policy_orders_vllms_waiting_queue_and_running_list():
-    s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=256, max_num_seqs=8)
+@pytest.mark.parametrize("policy", ["lcas", "tailguard"])
+def test_policy_orders_vllms_waiting_queue_and_running_list(policy):
+    s = make_scheduler(StreamingScheduler, policy, num_blocks=256, max_num_seqs=8)
     d = Driver(s)
-    d.turn("partial", 300)  # a new partial stream: band 4; longer than one step's budget
-    d.turn("question", 40, final(4), resumable=False)  # complete: band 0/1, arrived later
-    s.plan_and_apply()
+    d.turn("partial", 300)  # a new partial stream; longer than one step's budget
+    d.turn("question", 40, final(4), resumable=False)  # complete: ranked first, arrived later
+    s.book.refresh()
+    s._order_queues()
     assert [r.request_id for r in s.waiting] == ["question", "partial"]
     out = d.step()
-    assert out.num_scheduled_tokens == {"question": 40, "partial": 256 - 40}  # budget in rank order
-    assert [r.request_id for r in s.running] == ["question", "partial"]
+    if policy == "lcas":  # no early-prefill limit: the rest of the budget, in rank order
+        assert out.num_scheduled_tokens == {"question": 40, "partial": 256 - 40}
+        assert [r.request_id for r in s.running] == ["question", "partial"]
+        return
+    # TailGuard limits early prefill to 1/32 of the budget while a completed prompt has work: the
+    # partial chunk, bigger than that, sits out the step and is back in the queue after it
+    assert out.num_scheduled_tokens == {"question": 40}
+    assert [r.request_id for r in s.waiting] == ["partial"] and not s._held_back
+    d.run_until(lambda: "question" not in s.requests)
+    d.run_until(lambda: _idle(d, "partial"))
+    assert s.requests["partial"].num_computed_tokens == 300
+
+
+def test_early_prefill_within_the_allowance_runs_beside_a_decode():
+    s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=256, max_num_seqs=8)
+    d = Driver(s)
+    d.turn("question", 40, final(6), resumable=False)
+    d.step()  # prefilled: it decodes from now on
+    d.turn("small", 8)  # within the allowance (256 / 32 = 8 tokens)
+    d.turn("big", 9)  # over it: waits while the question decodes
+    out = d.step()
+    assert out.num_scheduled_tokens == {"question": 1, "small": 8}
+    d.run_until(lambda: "question" not in s.requests)
+    d.run_until(lambda: _idle(d, "big"))
 
 
 @pytest.mark.parametrize("policy", ["lcas", "tailguard"])
@@ -81,7 +105,8 @@ def test_eviction_takes_idle_memory_for_a_question_and_the_stream_resumes_whole(
 
 
 def test_a_new_partial_stream_does_not_evict_resident_streams_under_tailguard():
-    s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=11, max_num_seqs=8)  # + null block
+    # a budget whose early-prefill allowance (1/32) admits these chunks beside the decode
+    s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=11, max_num_seqs=8, budget=8192)  # + null block
     d = Driver(s)
     d.turn("a", 4 * BS)
     d.turn("b", 3 * BS)

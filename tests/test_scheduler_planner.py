@@ -238,3 +238,44 @@ def test_vllm_rules_stop_admission_at_the_first_waiting_request_that_does_not_fi
     assert plan(small_is_running=False).scheduled == [("r0", 1)]
     # a request already in the running list is scheduled before any waiting one
     assert plan(small_is_running=True).scheduled == [("r0", 1), ("r2", BS)]
+
+
+EARLY = dict(early_prefill_tokens=2 * BS)
+
+
+def _question_and_streams():
+    blocks = CountingBlockManager(64)
+    decoding = resident(blocks, 0, computed=4 * BS, prompt=4 * BS, complete=True)
+    decoding.num_output_tokens = 1  # a decode: its client's clock runs
+    streams = [waiting(i, prompt=3 * BS, first=float(i), complete=False) for i in (1, 2)]
+    return blocks, decoding, streams
+
+
+def test_early_prefill_is_limited_while_a_completed_prompt_has_work():
+    blocks, decoding, streams = _question_and_streams()
+    order = make_policy("fcfs").order([decoding, *streams])
+    # the simulator cuts the first stream's chunk to the allowance; the second gets nothing
+    decision = plan_step(order, blocks, StepBudget(512, BS, **EARLY))
+    assert decision.scheduled == [("r0", 1), ("r1", 2 * BS)]
+    # under vLLM's rules a chunk is not cut to the allowance: it waits whole, and does not end admission
+    blocks, decoding, streams = _question_and_streams()
+    for view in streams:
+        view.awaiting_admission = True
+    streams[1].num_prompt_tokens = BS
+    decision = plan_step(make_policy("fcfs").order([decoding, *streams]), blocks,
+                         StepBudget(512, BS, **VLLM_RULES, **EARLY))
+    assert decision.scheduled == [("r0", 1), ("r2", BS)]
+
+
+def test_early_prefill_takes_the_whole_budget_when_no_clock_runs():
+    blocks, _, streams = _question_and_streams()
+    decision = plan_step(make_policy("fcfs").order(streams), blocks, StepBudget(512, BS, **EARLY))
+    assert decision.scheduled == [("r1", 3 * BS), ("r2", 3 * BS)]
+    with pytest.raises(PlannerError):
+        StepBudget(512, BS, early_prefill_tokens=-1)
+
+
+def test_tailguard_limits_early_prefill_and_the_paper_policies_do_not():
+    assert make_policy("tailguard").early_prefill_tokens(8192) == 256
+    assert all(make_policy(name).early_prefill_tokens(8192) is None
+               for name in POLICIES if name != "tailguard")

@@ -20,6 +20,14 @@ class Policy(ABC):
     # True: a partial stream evicted by the planner stops streaming: its later chunks are only
     # queued, and it runs again as a one-shot request once its question arrives (`blocked`).
     degrade_evicted_streams: ClassVar[bool] = False
+    # Share of a step's token budget that partial streams' early prefill may take while a completed
+    # prompt has work in the step (`StepBudget.early_prefill_tokens`); None: no limit.
+    early_prefill_share: ClassVar[float | None] = None
+
+    def early_prefill_tokens(self, max_num_tokens: int) -> int | None:
+        """The planner's early-prefill limit for a step budget of `max_num_tokens` tokens."""
+        share = self.early_prefill_share
+        return None if share is None else max(1, int(max_num_tokens * share))
 
     @abstractmethod
     def sort_key(self, view: RequestView) -> tuple:

@@ -35,6 +35,16 @@ by stream, as pressure grows. In the simulator (bench/policies.py --quick, crawl
 delay) this cut recomputed tokens 1.37M -> 0.19M and P50/P95/P99 TTFT 0.43/2.2/2.7 s ->
 0.18/0.86/1.24 s (non-streaming: 0.39/2.08/2.83 s).
 
+Early prefill yields to running clocks (beyond the paper): while a completed prompt has work in
+the step (a prefill whose TTFT clock runs, or a decode), partial streams may prefill at most 1/32
+of the step's token budget (`early_prefill_share`; 256 of 8,192 tokens). A step's duration grows
+with its tokens once compute outweighs the weight reads of a decode step (a few hundred tokens for
+an 8B model on an H200), so a step filled with early prefill delays every first token and every
+decode in it: when the engine is busy, early prefill buys nothing a one-shot request would not get
+later and costs the requests whose clocks run now. When nothing else has work, streams get the
+whole budget. Under the vLLM plug-in a chunk bigger than what is left of the allowance waits whole
+(vLLM cannot cut it); the simulator cuts it.
+
 Measured in the simulator at paper scale (bench/policies.py, docs/BENCHMARKS.md): splitting band
 0/1 and ordering band 4 by last chunk cut the crawler P99 TTFT from 9.6 s to 7.0 s (LCAS: 8.6 s);
 it beat LCAS on trace seeds 0-2, and on the vector workload it stays within 6% of our earlier order,
@@ -48,6 +58,7 @@ from scheduler.request import NO_ESTIMATE, RequestView
 class TailGuardPolicy(Policy):
     name = "tailguard"
     degrade_evicted_streams = True
+    early_prefill_share = 1 / 32
 
     def sort_key(self, view: RequestView) -> tuple:
         if view.complete:

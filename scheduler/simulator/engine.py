@@ -54,7 +54,8 @@ class SimEngine:
         self.degrade = policy.degrade_evicted_streams
         self.blocks = CountingBlockManager(config.num_blocks)
         self.swap_pool = SwapPool(config.swap_pool_blocks if cost.swap_available else 0)
-        self.budget = StepBudget(config.max_num_tokens, config.block_size)
+        self.budget = StepBudget(config.max_num_tokens, config.block_size,
+                                 early_prefill_tokens=policy.early_prefill_tokens(config.max_num_tokens))
         self.views: dict[str, RequestView] = {}
         self._high_water: dict[str, int] = {}  # tokens once computed and still valid content
         self._admissions = 0
