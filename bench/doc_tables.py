@@ -265,7 +265,32 @@ def policies(data: dict) -> str:
         rows.append([f"{name}: {w['num_requests']:,} requests, {num(w['delay'])}x delay, QPS {num(w['qps'])}",
                      *p99, num(next(iter(base.values()))["ttft_p99_s"] if "ttft_p99_s" not in base
                                else base["ttft_p99_s"])])
-    return table(["scenario (P99 TTFT, s)", *POLICY_ORDER, "one-shot"], rows)
+    text = table(["scenario (P99 TTFT, s)", *POLICY_ORDER, "one-shot"], rows)
+    versus = {name: w["tailguard_vs_oneshot"] for name, w in data["workloads"].items() if "tailguard_vs_oneshot" in w}
+    if versus:
+        seeds = sorted({seed for per in versus.values() for seed in per}, key=int)
+        cells = [[name, *(_versus_cell(per.get(seed)) for seed in seeds)] for name, per in versus.items()]
+        held = [v["p99_at_most_oneshot"] for per in versus.values() for v in per.values()]
+        text += ("\n\nTailGuard streamed vs one-shot (default_vllm), per trace seed: P99 ratio (<= 1 is the "
+                 "target) / P50 speed-up\n\n" + table(["scenario", *(f"seed {s}" for s in seeds)], cells)
+                 + f"\n\nTailGuard's P99 at most the one-shot P99 in {sum(held)} of {len(held)} (scenario, seed) runs.")
+    busy = [[name, num(w["sim"][PromptMode.STREAM]["tailguard"]["busy_s"]),
+             num(w["sim"][PromptMode.ONESHOT]["default_vllm"]["busy_s"]),
+             num(w["sim"][PromptMode.STREAM]["tailguard"]["busy_s"] / w["sim"][PromptMode.ONESHOT]["default_vllm"]["busy_s"]),
+             f"{w['sim'][PromptMode.STREAM]['tailguard']['tokens_recomputed']:,}"]
+            for name, w in data["workloads"].items() if "busy_s" in w["sim"][PromptMode.STREAM]["tailguard"]]
+    if busy:
+        text += ("\n\nEngine busy time (prefill + recompute + decode, s), trace seed 0: the work each mode "
+                 "costs, which the makespan hides\n\n"
+                 + table(["scenario", "TailGuard streamed", "one-shot", "ratio", "tokens recomputed"], busy))
+    return text
+
+
+def _versus_cell(v: dict | None) -> str:
+    if v is None:
+        return "-"
+    ratio = num(v["p99_ratio"])
+    return f"{ratio if v['p99_at_most_oneshot'] else f'**{ratio}**'} / {num(v['p50_speedup'])}x"
 
 
 def scheduler_overhead(data: dict) -> str:
@@ -309,13 +334,20 @@ def _policy_cells(results: dict) -> list[list[str]]:
     return rows
 
 
+def engine_entry(data: dict) -> dict:
+    """policies.json's real-engine run (`bench.engine_policies`), kept across the simulator's runs."""
+    return data["workloads"]["crawler"]["engine"]
+
+
 def engine_policies(data: dict) -> str:
     """Policies on the real CPU engine (`policies.json` workloads.crawler.engine), every stored run."""
-    e = data["workloads"]["crawler"]["engine"]
+    e = engine_entry(data)
     runs = [*e.get("earlier_runs", []), e]
     parts = []
     for i, run in enumerate(runs, 1):
-        parts.append(f"Run {i} of {len(runs)}: TTFT p50 / p95 / p99 (s), preemptions, makespan (s)\n\n"
+        commit = (run.get(META_KEY) or {}).get("commit")
+        origin = f"commit {commit[:10]}" if commit else "commit not recorded"
+        parts.append(f"Run {i} of {len(runs)} ({origin}): TTFT p50 / p95 / p99 (s), preemptions, makespan (s)\n\n"
                      + table(["policy", "TTFT p50 / p95 / p99", "preemptions", "makespan"],
                              _policy_cells(run["results"])))
     err = e.get("sim_vs_engine", {})
@@ -329,7 +361,7 @@ def engine_policies(data: dict) -> str:
 
 def cost_model(data: dict) -> str:
     """The calibrated CPU cost model stored with the engine-policy run (`stream2llm calibrate`)."""
-    cm = data["workloads"]["crawler"]["engine"]["cost_model"]
+    cm = engine_entry(data)["cost_model"]
     rows = [[f"{int(n):,}", ms(s * 1e3)] for n, s in cm["recompute"]]
     decode = ", ".join(f"batch {int(b)}: {ms(s * 1e3)}" for b, s in cm["decode_step"])
     return (table(["prompt tokens", "prefill latency"], rows) + f"\n\nDecode step: {decode}. "

@@ -25,7 +25,7 @@ import numpy as np
 
 from bench.engine_replay import replay
 from bench.engine_sizing import kv_bytes
-from bench.results_meta import engine_dtype
+from bench.results_meta import META_KEY, engine_dtype, start_run
 from engine.calibration import measure_cost_model
 from engine.config import DEFAULT_MODEL, EngineConfig
 from stream2llm.data.traces import PromptMode, poisson_arrivals, synthetic_crawler_traces
@@ -133,7 +133,8 @@ def _compact(entry: dict) -> dict:
     """A run's setup and percentiles, without per-request lists: for the run-to-run spread."""
     results = {mode: {p: {k: v for k, v in s.items() if k != "ttft_s"} for p, s in rows.items()}
                for mode, rows in entry["results"].items()}
-    return {**{k: entry[k] for k in SETUP_KEYS}, "results": results}
+    return {**{k: entry[k] for k in SETUP_KEYS}, "results": results,
+            **({META_KEY: entry[META_KEY]} if META_KEY in entry else {})}
 
 
 def write(entry: dict, output: Path) -> None:
@@ -166,9 +167,11 @@ def main(argv=None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     args.kv_bytes = args.kv_bytes or kv_bytes(48 << 20, engine_dtype(None))
-    started = time.perf_counter()
+    meta, started = start_run(args.model, engine_dtype(None), [args.seed]), time.perf_counter()
     entry = asyncio.run(run_all(args))
     entry["bench_wall_s"] = time.perf_counter() - started
+    # its own provenance: it shares policies.json with the simulator's runs, made at other commits
+    entry[META_KEY] = meta.finish()
     comparison = entry["sim_vs_engine"]
     print(f"sim vs engine: median |rel err| of p50/p95 {comparison['median_abs_rel_error_p50_p95']:.2f} "
           f"(max {comparison['max_abs_rel_error_p50_p95']:.2f}), tolerance {args.tolerance}")

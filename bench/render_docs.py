@@ -35,6 +35,8 @@ class RenderError(ValueError):
 class Entry:
     results: str | tuple[str, ...]  # path(s) under bench/results/; the renderer gets one dict per path
     render: Callable[..., str]
+    # the part of the (single) file the block shows, when that part records its own provenance
+    part: Callable[[dict], dict] | None = None
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -56,8 +58,8 @@ REGISTRY: dict[str, Entry] = {
     "policies": Entry("policies.json", doc_tables.policies),
     "scheduler_overhead": Entry("scheduler_overhead.json", doc_tables.scheduler_overhead),
     "retrievers": Entry("retrievers.json", doc_tables.retrievers),
-    "engine_policies": Entry("policies.json", doc_tables.engine_policies),
-    "cost_model": Entry("policies.json", doc_tables.cost_model),
+    "engine_policies": Entry("policies.json", doc_tables.engine_policies, doc_tables.engine_entry),
+    "cost_model": Entry("policies.json", doc_tables.cost_model, doc_tables.engine_entry),
     "readme_figures": Entry(("engine_ttft.json", "engine_ttft_long_gap.json", "pipeline.json", "qa.json",
                              "reliability.json"), doc_tables.readme_figures),
 }
@@ -74,8 +76,9 @@ def render_block(name: str, results_dir: Path = RESULTS) -> str:
         if not path.is_file():
             raise RenderError(f"block {name!r}: results file {path} is missing")
         datas.append(json.loads(path.read_text(encoding="utf-8")))
+    origins = [entry.part(d) for d in datas] if entry.part else datas
     lines = "\n".join(f"- {doc_tables.provenance(f, d)}" if len(datas) > 1 else doc_tables.provenance(f, d)
-                      for f, d in zip(entry.files, datas))
+                      for f, d in zip(entry.files, origins))
     return f"{entry.render(*datas)}\n\n{lines}\n"
 
 
