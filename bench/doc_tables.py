@@ -355,8 +355,19 @@ def engine_policies(data: dict) -> str:
                  f"{e['model']}. Simulator vs engine (same trace, calibrated cost model): median relative error "
                  f"of p50 and p95 {num(err.get('median_abs_rel_error_p50_p95'))}, max "
                  f"{num(err.get('max_abs_rel_error_p50_p95'))}, tolerance {num(err.get('tolerance_rel'))}: "
-                 f"{'within' if err.get('within_tolerance') else '**outside**'}.")
+                 f"{'within' if err.get('within_tolerance') else '**outside**'}. "
+                 f"Median relative error of p50 and p99 {num(_median_error(err, 'ttft_p99_s'))}.")
     return "\n\n".join(parts)
+
+
+def _median_error(comparison: dict, tail: str) -> float | None:
+    """Median |relative error| of the simulator's p50 and `tail` TTFT over the compared runs."""
+    errors = sorted(abs(row[k]["rel_error"]) for runs in comparison.get("runs", {}).values()
+                    for row in runs.values() for k in ("ttft_p50_s", tail))
+    if not errors:
+        return None
+    mid = len(errors) // 2
+    return errors[mid] if len(errors) % 2 else (errors[mid - 1] + errors[mid]) / 2
 
 
 def cost_model(data: dict) -> str:
