@@ -50,6 +50,7 @@ REGISTRY: dict[str, Entry] = {
     "central": Entry("central.json", doc_tables.central),
     "engine_load": Entry("engine_load.json", doc_tables.engine_load),
     "pipeline": Entry("pipeline.json", doc_tables.pipeline),
+    "pipeline_qps0.15": Entry("pipeline_qps0.15.json", doc_tables.pipeline),
     "replay_tiny_sweep": Entry("replay_tiny_sweep/results.json", doc_tables.replay_sweep),
     "qa": Entry("qa.json", doc_tables.qa),
     "qa_kinds": Entry("qa_kinds.json", doc_tables.qa),
