@@ -302,7 +302,8 @@ def scheduler_overhead(data: dict) -> str:
     if plugin:
         prows = [[p, *(num(per.get(str(n))) for n in sizes)] for p, per in plugin.items()]
         verdict = "met" if data["plugin_meets_target"] else "**missed**"
-        text += ("\n\nThe vLLM plug-in's own step code on real `Request` objects (`plugin_us_per_step`, best of 2 seeds):\n\n"
+        text += ("\n\nThe vLLM plug-in's own step code on real `Request` objects (`plugin_us_per_step`, best of "
+                 f"{data.get('plugin_repeats', 2)} seeds):\n\n"
                  + table(["policy", *(f"µs per step at {n:,} sessions" for n in sizes)], prows) + "\n\n"
                  f"Target <= {num(data['plugin_target_us_at_500'])} µs at 500: {verdict}.")
     return text
