@@ -2,6 +2,7 @@
 slots, policy order of vLLM's queues, eviction without inversion, clean-up of finished requests."""
 
 import pytest
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from engine.vllm_scheduler import AsyncStreamingScheduler, StreamingScheduler
@@ -58,6 +59,22 @@ def test_policy_orders_vllms_waiting_queue_and_running_list(policy):
     d.run_until(lambda: "question" not in s.requests)
     d.run_until(lambda: _idle(d, "partial"))
     assert s.requests["partial"].num_computed_tokens == 300
+
+
+def test_streams_held_back_return_to_the_queue_when_vllms_step_fails(monkeypatch):
+    s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=256, max_num_seqs=8)
+    d = Driver(s)
+    d.turn("partial", 300)
+    d.turn("question", 40, final(4), resumable=False)
+
+    def failing_step(self, *args, **kwargs):
+        assert [r.request_id for r in self.waiting] == ["question"]  # the stream sits out this step
+        raise RuntimeError("step failed")
+
+    monkeypatch.setattr(Scheduler, "schedule", failing_step)
+    with pytest.raises(RuntimeError, match="step failed"):
+        s.schedule()
+    assert sorted(r.request_id for r in s.waiting) == ["partial", "question"] and not s._held_back
 
 
 def test_early_prefill_within_the_allowance_runs_beside_a_decode():
