@@ -274,11 +274,12 @@ def policies(data: dict) -> str:
         text += ("\n\nTailGuard streamed vs one-shot (default_vllm), per trace seed: P99 ratio (<= 1 is the "
                  "target) / P50 speed-up\n\n" + table(["scenario", *(f"seed {s}" for s in seeds)], cells)
                  + f"\n\nTailGuard's P99 at most the one-shot P99 in {sum(held)} of {len(held)} (scenario, seed) runs.")
-    busy = [[name, num(w["sim"][PromptMode.STREAM]["tailguard"]["busy_s"]),
-             num(w["sim"][PromptMode.ONESHOT]["default_vllm"]["busy_s"]),
-             num(w["sim"][PromptMode.STREAM]["tailguard"]["busy_s"] / w["sim"][PromptMode.ONESHOT]["default_vllm"]["busy_s"]),
-             f"{w['sim'][PromptMode.STREAM]['tailguard']['tokens_recomputed']:,}"]
-            for name, w in data["workloads"].items() if "busy_s" in w["sim"][PromptMode.STREAM]["tailguard"]]
+    busy = []
+    for name, w in data["workloads"].items():
+        tail, base = w["sim"][PromptMode.STREAM]["tailguard"], w["sim"][PromptMode.ONESHOT]["default_vllm"]
+        if "busy_s" in tail:
+            busy.append([name, num(tail["busy_s"]), num(base["busy_s"]), num(tail["busy_s"] / base["busy_s"]),
+                         f"{tail['tokens_recomputed']:,}"])
     if busy:
         text += ("\n\nEngine busy time (prefill + recompute + decode, s), trace seed 0: the work each mode "
                  "costs, which the makespan hides\n\n"
@@ -363,12 +364,9 @@ def engine_policies(data: dict) -> str:
 
 def _median_error(comparison: dict, tail: str) -> float | None:
     """Median |relative error| of the simulator's p50 and `tail` TTFT over the compared runs."""
-    errors = sorted(abs(row[k]["rel_error"]) for runs in comparison.get("runs", {}).values()
-                    for row in runs.values() for k in ("ttft_p50_s", tail))
-    if not errors:
-        return None
-    mid = len(errors) // 2
-    return errors[mid] if len(errors) % 2 else (errors[mid - 1] + errors[mid]) / 2
+    errors = [abs(row[k]["rel_error"]) for runs in comparison.get("runs", {}).values()
+              for row in runs.values() for k in ("ttft_p50_s", tail)]
+    return statistics.median(errors) if errors else None
 
 
 def cost_model(data: dict) -> str:

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import httpx
 
-COUNTERS = {"ingress_cpu_s": "stream2llm_ingress_process_cpu_seconds_total",
-            "ingress_chunk_bytes": "stream2llm_ingress_chunk_bytes_total",
-            "replica_pulled_chunks": "stream2llm_replica_context_chunks_total"}
+from pipeline.metrics import INGRESS_CHUNK_BYTES, INGRESS_PROCESS, REPLICA_CONTEXT_CHUNKS
+
+COUNTERS = {"ingress_cpu_s": f"{INGRESS_PROCESS}_process_cpu_seconds_total",
+            "ingress_chunk_bytes": f"{INGRESS_CHUNK_BYTES}_total",
+            "replica_pulled_chunks": f"{REPLICA_CONTEXT_CHUNKS}_total"}
 
 
 def read_counters(text: str) -> dict[str, float]:

@@ -25,13 +25,13 @@ import httpx
 from bench.http_replay import percentile, relative_timings
 from bench.serving_metrics import record_from_summary, serving_metrics
 from pipeline.app import ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT
+from pipeline.config import AppConfig
 from pipeline.http_util import INGRESS_HEADER
 from pipeline.rag_client import RagResult, apply_event, ask, error_reason, sse_events
 from stream2llm.data.traces import PromptMode
 
 MEMORY_INTERVAL_S = 1.0
-APP = "stream2llm"
-DEPLOYMENT, INGRESS = ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT
+APP = AppConfig.model_fields["name"].default  # the bench runs the app under its default name
 RESUME_ATTEMPTS = 3
 
 
@@ -155,7 +155,7 @@ def running_replicas() -> int | None:
 
     with contextlib.suppress(Exception):
         app = serve.status().applications.get(APP)
-        return int(app.deployments[DEPLOYMENT].replica_states.get("RUNNING", 0)) if app else 0
+        return int(app.deployments[ENGINE_DEPLOYMENT].replica_states.get("RUNNING", 0)) if app else 0
     return None
 
 
@@ -173,14 +173,14 @@ async def collect_memory(stop: asyncio.Event, t0: float, interval_s: float = MEM
     return samples
 
 
-def _kill(replica_id: str, deployment: str = DEPLOYMENT) -> None:
+def _kill(replica_id: str, deployment: str = ENGINE_DEPLOYMENT) -> None:
     import ray
 
     actor = ray.get_actor(f"SERVE_REPLICA::{APP}#{deployment}#{replica_id}", namespace="serve")
     ray.kill(actor, no_restart=True)
 
 
-def routable_replicas(deployment: str = DEPLOYMENT) -> set[str] | None:
+def routable_replicas(deployment: str = ENGINE_DEPLOYMENT) -> set[str] | None:
     """Replicas Serve's controller counts as RUNNING: the list it pushes to the routers.
 
     Private API (the controller's `get_serve_instance_details`, what `serve status` and the
@@ -198,7 +198,7 @@ def routable_replicas(deployment: str = DEPLOYMENT) -> set[str] | None:
     return None
 
 
-async def _dropped_by_controller_s(replica_id: str, killed_at: float, deployment: str = DEPLOYMENT,
+async def _dropped_by_controller_s(replica_id: str, killed_at: float, deployment: str = ENGINE_DEPLOYMENT,
                                    timeout_s: float = 60.0) -> float | None:
     """Seconds from the kill until the controller no longer lists the replica as running (routers
     follow that list), polled every 50 ms. None: still listed after `timeout_s`."""
@@ -239,14 +239,14 @@ async def kill_an_ingress(t0: float, at_s: float, record: dict) -> dict:
     over them, so some are mid-retrieval and some mid-answer on it); time until the controller drops
     it. Serve starts a replacement; the clients cut by the kill resume or ask again."""
     await asyncio.sleep(max(0.0, t0 + at_s - time.monotonic()))
-    running = sorted(await asyncio.to_thread(routable_replicas, INGRESS) or ())
+    running = sorted(await asyncio.to_thread(routable_replicas, INGRESS_DEPLOYMENT) or ())
     if len(running) < 2:  # killing the only ingress would cut the whole HTTP side: not this drill
         return {"killed": False, "reason": f"{len(running)} ingress replica(s) running at {at_s} s"}
     victim = running[0]
-    await asyncio.to_thread(_kill, victim, INGRESS)
+    await asyncio.to_thread(_kill, victim, INGRESS_DEPLOYMENT)
     killed_at = time.monotonic()
     record.update(killed=True, replica_id=victim, at_s=round(killed_at - t0, 2), ingress_replicas=len(running))
-    record["dropped_by_controller_s"] = await _dropped_by_controller_s(victim, killed_at, INGRESS)
+    record["dropped_by_controller_s"] = await _dropped_by_controller_s(victim, killed_at, INGRESS_DEPLOYMENT)
     return record
 
 

@@ -146,18 +146,18 @@ class PolicySchedulerMixin:
                 queue.extend(ranked)
 
     def _hold_back_early_prefill(self) -> None:
-        """The planner's early-prefill limit (`StepBudget.early_allowance`) on vLLM's queues.
+        """The planner's early-prefill limit (`StepBudget.early_allowance`, `early_limit`) on vLLM's queues.
 
         While a completed prompt has work, waiting partial streams get the allowance in policy
         order, less what running partial streams still have to prefill (vLLM schedules those
         first); the rest sit out this step, off the queues until `schedule` returns. vLLM cannot cut
         one request's chunk to what is left of the allowance, so such a chunk waits whole (the
         simulator cuts it)."""
-        views = self.book.views
+        budget, views = self.step_budget, self.book.views
         queues = (self.running, self.kv_holding_waiting, self.waiting)
-        if not any(views[r.request_id].complete for queue in queues for r in queue):
+        left = budget.early_allowance(views[r.request_id] for queue in queues for r in queue)
+        if left >= budget.max_num_tokens:
             return
-        left = self.step_budget.early_prefill_tokens
         for request in self.running:
             view = views[request.request_id]
             if not view.complete:
@@ -166,8 +166,9 @@ class PolicySchedulerMixin:
             kept, held = [], []
             for request in queue:
                 view = views[request.request_id]
-                if view.complete or view.num_tokens_to_compute <= left:
-                    left -= 0 if view.complete else view.num_tokens_to_compute
+                work = view.num_tokens_to_compute
+                if budget.early_limit(view, work, budget.max_num_tokens, left):
+                    left -= 0 if view.complete else work
                     kept.append(request)
                 else:
                     held.append(request)

@@ -10,6 +10,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
+# Names the benchmarks read back from /metrics (`bench.ingress_costs`); counters gain `_total`.
+INGRESS_CHUNK_BYTES = "stream2llm_ingress_chunk_bytes"
+REPLICA_CONTEXT_CHUNKS = "stream2llm_replica_context_chunks"
+INGRESS_PROCESS = "stream2llm_ingress"  # the process collector's namespace
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -32,16 +36,16 @@ class PipelineMetrics:
         self.recovered = Counter("stream2llm_sessions_recovered", "Sessions replayed elsewhere", registry=r)
         self.aborted = Counter("stream2llm_sessions_aborted", "Sessions aborted", ["reason"], registry=r)
         self.ingress_chunk_bytes = Counter(
-            "stream2llm_ingress_chunk_bytes", "Context chunk text bytes handled by this ingress replica "
+            INGRESS_CHUNK_BYTES, "Context chunk text bytes handled by this ingress replica "
             "(client chunks, inline documents, the one-shot baseline; retriever sources stream to the "
             "replicas and add nothing)", registry=r)
         self.replica_chunks = Counter(
-            "stream2llm_replica_context_chunks", "Retrieved pieces the replicas pulled from retriever "
+            REPLICA_CONTEXT_CHUNKS, "Retrieved pieces the replicas pulled from retriever "
             "actors themselves (one Ray hop each; the ingress got a summary)", registry=r)
         self.queued = Gauge("stream2llm_admission_queue", "Sessions waiting for admission", registry=r)
         self.pressure = Gauge("stream2llm_cluster_kv_projected_ratio", "Projected cluster KV use", registry=r)
         # this ingress replica's own process: CPU seconds, memory, open files (benchmarks read its CPU)
-        ProcessCollector(namespace="stream2llm_ingress", registry=r)
+        ProcessCollector(namespace=INGRESS_PROCESS, registry=r)
 
     def observe_final(self, endpoint: str, stats: dict) -> None:
         if stats.get("ttft_s") is not None:

@@ -21,7 +21,7 @@ The planner never touches the views: the owner applies the returned decision.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from scheduler.blocks import BlockManager, SwapPool
@@ -59,7 +59,7 @@ class StepBudget:
         if self.early_prefill_tokens is not None and self.early_prefill_tokens < 0:
             raise PlannerError(f"early_prefill_tokens must be >= 0: {self}")
 
-    def early_allowance(self, ordered: Sequence[RequestView]) -> int:
+    def early_allowance(self, ordered: Iterable[RequestView]) -> int:
         """Tokens partial streams may prefill this step: the whole budget, unless the policy limits
         early prefill and some completed prompt (a prefill whose TTFT clock runs, or a decode) has
         work, which every extra token of the step would delay."""
