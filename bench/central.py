@@ -5,10 +5,17 @@
 256 simulated replicas report every second (each report lists its ~78 open sessions, so the actor
 refreshes 20,000 session sizes per second), 20,000 sessions stay open, and load generators (Ray
 actors in their own processes, a fixed number of concurrent callers each) admit a new session and
-release it again as fast as the actor answers (batched callers post the release, as the ingress
-does: it rides the next batch, ahead of that batch's admissions). Latency is measured by the caller around the
-`admit` call (Ray round trip included). Targets: `admits_per_s` >= 5,000, `admit_p99_ms` < 5; the
-figures are the median of `--repeats` runs (spread recorded). For scale, the same run times the bare
+release it again (batched callers post the release, as the ingress does: it rides the next batch,
+ahead of that batch's admissions). Two loads, each `--repeats` runs, figures the median (spread
+recorded):
+- capacity, `admits_per_s`: a closed loop, a fixed number of callers each admitting again as soon
+  as it is answered. It saturates the actor, so its latency is set by the number of callers (Little's
+  law: callers / throughput), not by the actor; it is kept as `saturated`.
+- latency, `admit_p50_ms` / `admit_p99_ms`: an open loop offering the target rate (Poisson arrivals,
+  `offered_admits_per_s`, split over the generators), each admission timed from its scheduled arrival,
+  so an admission delayed behind a slow one counts its wait (no coordinated omission).
+Latency is measured by the caller around the `admit` call (Ray round trip included). Targets:
+`admits_per_s` >= 5,000, `admit_p99_ms` < 5 at 5,000 admissions/s. For scale, the same run times the bare
 Ray round trip to the actor (one caller, an empty call at a time, under the same reports), and
 `logic_in_process` times the pure admission logic alone at the same scale (no Ray).
 """
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import statistics
 import time
 from pathlib import Path
@@ -27,7 +35,7 @@ import ray
 from bench.results_meta import start_run, write_results
 from pipeline.central import get_or_create_scheduler
 from pipeline.central_client import CentralClient
-from pipeline.config import AppConfig
+from pipeline.config import AppConfig, SchedulerSettings
 from scheduler.admission import AdmissionController, DemandModel, ReplicaReport
 
 RESULTS = Path(__file__).parent / "results" / "central.json"
@@ -84,9 +92,9 @@ class Reporter:
 class LoadGenerator:
     """`concurrency` callers, each admitting a new session then releasing it, until the deadline."""
 
-    def __init__(self, scheduler, name: str, batched: bool):
+    def __init__(self, scheduler, name: str, batched: bool, slots: int = 0):
         self.handle, self.name, self.batched = scheduler, name, batched
-        self.scheduler = CentralClient(scheduler) if batched else scheduler
+        self.scheduler = CentralClient(scheduler, slots=slots) if batched else scheduler
 
     async def ping(self, duration_s: float) -> list[float]:
         """One caller, one empty actor call at a time: the Ray round trip on this machine, same load."""
@@ -96,6 +104,32 @@ class LoadGenerator:
             await self.handle.ping.remote()
             latencies.append(time.perf_counter() - t0)
         return latencies
+
+    async def run_open(self, rate_per_s: float, duration_s: float, seed: int) -> dict:
+        """Admissions arriving as a Poisson process at `rate_per_s`, whether or not earlier ones are
+        answered; each latency runs from the arrival's scheduled time."""
+        latencies: list[float] = []
+        rejected, pending, rng = 0, set(), random.Random(seed)
+
+        async def one(sid: str, due: float):
+            nonlocal rejected
+            decision = await self.scheduler.admit(sid, "client", 5.0)
+            latencies.append(time.perf_counter() - due)
+            rejected += "rejected" in decision
+            self.scheduler.release(sid, 1024)
+        started = time.perf_counter()
+        due, n = started, 0
+        while due < started + duration_s:
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            while due <= time.perf_counter():  # late wake-ups send what fell due meanwhile
+                task = asyncio.create_task(one(f"{self.name}-o{n}", due))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                n, due = n + 1, due + rng.expovariate(rate_per_s)
+        await asyncio.gather(*pending)
+        await self.scheduler.flush()
+        return {"latencies": latencies, "rejected": rejected, "elapsed_s": time.perf_counter() - started,
+                "actor_calls": self.scheduler.calls, "from_slots": self.scheduler.from_slots}
 
     async def run(self, concurrency: int, duration_s: float) -> dict:
         latencies: list[float] = []
@@ -124,7 +158,7 @@ class LoadGenerator:
             await self.scheduler.flush()
         calls = self.scheduler.calls if self.batched else 2 * len(latencies)
         return {"latencies": latencies, "rejected": rejected, "elapsed_s": time.monotonic() - started,
-                "actor_calls": calls}
+                "actor_calls": calls, "from_slots": self.scheduler.from_slots if self.batched else 0}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -132,17 +166,34 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def measure(scheduler, batched: bool, generators: int, concurrency: int, duration_s: float) -> dict:
-    mode = "b" if batched else "u"
-    gens = [LoadGenerator.remote(scheduler, f"{mode}{i}", batched) for i in range(generators)]
+def measure(scheduler, batched: bool, generators: int, concurrency: int, duration_s: float,
+            slots: int = 0) -> dict:
+    """Closed loop: `concurrency` callers per generator, each admitting again once answered."""
+    mode = f"b{slots}" if batched else "u"
+    gens = [LoadGenerator.remote(scheduler, f"{mode}-{i}", batched, slots) for i in range(generators)]
     results = ray.get([g.run.remote(concurrency, duration_s) for g in gens])
+    return {"batched": batched, "slots": slots, "generators": generators, "concurrency_per_generator": concurrency,
+            **summarize(results)}
+
+
+def measure_open(scheduler, rate_per_s: float, generators: int, duration_s: float, seed: int,
+                 slots: int) -> dict:
+    """Open loop at `rate_per_s` in all (batched callers), split evenly over the generators."""
+    gens = [LoadGenerator.remote(scheduler, f"o{slots}-{seed}-{i}", True, slots) for i in range(generators)]
+    results = ray.get([g.run_open.remote(rate_per_s / generators, duration_s, 1000 * seed + i)
+                       for i, g in enumerate(gens)])
+    return {"offered_admits_per_s": rate_per_s, "slots": slots, "generators": generators, "seed": seed,
+            **summarize(results)}
+
+
+def summarize(results: list[dict]) -> dict:
     latencies = [x for r in results for x in r["latencies"]]
     elapsed = max(r["elapsed_s"] for r in results)
     return {
-        "batched": batched, "duration_s": round(elapsed, 2), "generators": generators,
-        "concurrency_per_generator": concurrency, "admits": len(latencies),
+        "duration_s": round(elapsed, 2), "admits": len(latencies),
         "rejected": sum(r["rejected"] for r in results),
         "actor_calls_per_admit": round(sum(r["actor_calls"] for r in results) / max(1, len(latencies)), 3),
+        "from_slots_frac": round(sum(r["from_slots"] for r in results) / max(1, len(latencies)), 3),
         "admits_per_s": round(len(latencies) / elapsed, 1),
         "admit_p50_ms": round(1000 * percentile(latencies, 0.50), 3),
         "admit_p99_ms": round(1000 * percentile(latencies, 0.99), 3),
@@ -181,17 +232,19 @@ def ray_round_trip(scheduler, duration_s: float) -> dict:
             "p99_ms": round(1000 * percentile(latencies, 0.99), 3)}
 
 
-def median_of(runs: list[dict]) -> dict:
-    """Each headline figure's median over the runs, with its spread (min, max); the other keys
-    (admits, rejections, calls per admission) are the first run's, and every run is kept."""
-    out = {k: statistics.median(r[k] for r in runs) for k in ("admits_per_s", "admit_p50_ms", "admit_p99_ms")}
-    out["spread"] = {k: [min(r[k] for r in runs), max(r[k] for r in runs)] for k in out}
+def median_of(runs: list[dict], keys: tuple[str, ...]) -> dict:
+    """Each of `keys`' median over the runs, with its spread (min, max); the other keys (admits,
+    rejections, calls per admission) are the first run's, and every run is kept."""
+    out = {k: statistics.median(r[k] for r in runs) for k in keys}
+    out["spread"] = {k: [min(r[k] for r in runs), max(r[k] for r in runs)] for k in keys}
     return {**runs[0], **out, "repeats": len(runs), "runs": runs}
 
 
-def run(duration_s: float, generators: int, concurrency: int, repeats: int) -> dict:
-    """Headline: batched callers (`CentralClient`, as the ingress uses), median of `repeats` runs;
-    also one call per operation, and the bare Ray round trip to the actor under the same reports."""
+def run(duration_s: float, generators: int, concurrency: int, repeats: int, slots: int) -> dict:
+    """Headline: callers as the ingress has them (`CentralClient` with `slots` admission slots):
+    capacity from the closed loop, latency from the open loop at the target rate, each the median
+    of `repeats` runs. For comparison, one run of each load batched without slots, the closed loop
+    with one actor call per operation, and the bare Ray round trip to the actor, under the same reports."""
     config = AppConfig.model_validate({"limits": {"max_queue": 1024},
                                        "scheduler": {"actor_name": "bench_central", "reserve_frac": 0.0}})
     scheduler = get_or_create_scheduler(config)
@@ -199,30 +252,42 @@ def run(duration_s: float, generators: int, concurrency: int, repeats: int) -> d
     reporting = reporter.run.remote()
     opened = ray.get(reporter.open_sessions.remote())
     time.sleep(REPORT_INTERVAL_S)  # a full round of reports listing the open sessions before measuring
-    batched = median_of([measure(scheduler, True, generators, concurrency, duration_s) for _ in range(repeats)])
+    figures = ("admits_per_s", "admit_p50_ms", "admit_p99_ms")
+    saturated = median_of([measure(scheduler, True, generators, concurrency, duration_s, slots)
+                           for _ in range(repeats)], figures)
+    at_target = median_of([measure_open(scheduler, TARGETS["admits_per_s"], generators, duration_s, seed, slots)
+                           for seed in range(repeats)], figures)
+    no_slots = {"saturated": measure(scheduler, True, generators, concurrency, duration_s),
+                "at_target_rate": measure_open(scheduler, TARGETS["admits_per_s"], generators, duration_s, 0, 0)}
     unbatched = measure(scheduler, False, generators, concurrency, duration_s / 2)
     round_trip = ray_round_trip(scheduler, duration_s / 4)
     pressure = ray.get(scheduler.pressure.remote())
     ray.get(reporter.stop.remote())
     reports = ray.get(reporting)
     return {"replicas": REPLICAS, "open_sessions": opened, "report_interval_s": REPORT_INTERVAL_S,
-            **batched, "unbatched": unbatched, "ray_round_trip": round_trip, "sessions_after": pressure["sessions"],
+            "admits_per_s": saturated["admits_per_s"], "admit_p50_ms": at_target["admit_p50_ms"],
+            "admit_p99_ms": at_target["admit_p99_ms"], "slots": slots, "generators": generators,
+            "saturated": saturated, "at_target_rate": at_target, "without_slots": no_slots,
+            "unbatched": unbatched, "ray_round_trip": round_trip, "sessions_after": pressure["sessions"],
             "replicas_live_after": pressure["replicas"], **reports}
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="5 s of load instead of 20 s, one run")
-    ap.add_argument("--repeats", type=int, default=3, help="batched runs; the figures are their median")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each load; the figures are their median")
     ap.add_argument("--generators", type=int, default=2, help="load generator processes")
     ap.add_argument("--concurrency", type=int, default=16, help="concurrent callers per generator")
+    ap.add_argument("--slots", type=int, default=SchedulerSettings().admission_slots,
+                    help="admission slots per load process (the ingress default); 0 = none")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    meta = start_run(model=None, dtype=None, seeds=[])
+    repeats = 1 if args.quick else args.repeats
+    meta = start_run(model=None, dtype=None, seeds=list(range(repeats)))  # the open loop's arrivals
     ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, namespace="stream2llm")
     try:
         report = run(5.0 if args.quick else 20.0, args.generators, args.concurrency,
-                     1 if args.quick else args.repeats)
+                     repeats, args.slots)
     finally:
         ray.shutdown()
     report["logic_in_process"] = logic_cost()

@@ -37,7 +37,8 @@ def central_settings(config) -> dict:
     s = config.scheduler
     return {"priors": dict(s.demand_priors), "max_queue": config.limits.max_queue,
             "stale_after_s": s.stale_after_s, "reserve_frac": s.reserve_frac, "grace_s": s.grace_s,
-            "max_sessions": s.max_sessions, "request_lease_s": s.request_lease_s}
+            "max_sessions": s.max_sessions, "request_lease_s": s.request_lease_s,
+            "admission_slot_s": s.admission_slot_s}
 
 
 def _kv_key(actor_name: str) -> bytes:
@@ -52,6 +53,7 @@ class CentralScheduler:
                  **settings):
         self._ctl = AdmissionController(DemandModel(priors), max_queue, stale_after_s, reserve_frac)
         self._lease_s = 600.0
+        self._slot_s = 2.0
         self._waiters: dict[str, asyncio.Future] = {}
         self.started_at = time.time()
         self.configure({**settings, **(self._published() or {})})
@@ -67,11 +69,12 @@ class CentralScheduler:
         """Apply new settings (a redeploy) without losing placements; returns what is in force."""
         s = dict(settings)
         self._lease_s = float(s.pop("request_lease_s", self._lease_s))
+        self._slot_s = float(s.pop("admission_slot_s", self._slot_s))
         self._ctl.configure(**s)
         self._wake()
         return {"max_queue": self._ctl.max_queue, "stale_after_s": self._ctl.stale_after_s,
                 "grace_s": self._ctl.grace_s, "max_sessions": self._ctl.max_sessions,
-                "request_lease_s": self._lease_s}
+                "request_lease_s": self._lease_s, "admission_slot_s": self._slot_s}
 
     def ping(self) -> dict:
         return {"started_at": self.started_at, "node_id": ray.get_runtime_context().get_node_id()}
@@ -116,24 +119,32 @@ class CentralScheduler:
         """
         return await self.admit(request_id, ONESHOT_SOURCE, timeout_s, tokens=tokens, lease_s=self._lease_s)
 
-    def batch(self, releases: list, asks: list[dict]) -> list[dict | None]:
-        """Many releases ([session_id, context_tokens]) then many admissions without waiting.
+    def batch(self, releases: list, asks: list[dict], binds: list = (), want: dict | None = None,
+              holder: str = "") -> dict:
+        """One caller's batch: slot bindings, releases, admissions that do not wait, slot requests.
 
-        Each ask holds `admit`'s arguments but `timeout_s`; its result is {"replica_id"}, or None
-        when it could not be placed at once (the caller then waits with `admit`).
-        See `pipeline.central_client.CentralClient`.
+        `binds`: [slot_id, session_id, replica_id, source_type] of sessions that took admission
+        slots (`scheduler.admission_slots`); `releases`: [session_id, context_tokens]; `asks`: each
+        holds `admit`'s arguments but `timeout_s`, and its decision is {"replica_id"}, or None when
+        it could not be placed at once (the caller then waits with `admit`); `want`: slots asked
+        per source type for `holder`. Returns {"decisions", "slots": {type: [[slot, replica]]},
+        "slot_s"}. See `pipeline.central_client.CentralClient`.
         """
         now = time.monotonic()
+        for slot_id, session_id, replica_id, source_type in binds:
+            self._ctl.bind_slot(slot_id, session_id, replica_id, source_type, now)
         for session_id, context_tokens in releases:
             self._ctl.release(session_id, context_tokens)
         self._wake()
-        out = []
+        decisions = []
         for ask in asks:
             ask = dict(ask)
             replica_id = self._ctl.try_admit(ask.pop("session_id"), ask.pop("source_type"), now,
                                              tuple(ask.pop("exclude", ())), **ask)
-            out.append(None if replica_id is None else {"replica_id": replica_id})
-        return out
+            decisions.append(None if replica_id is None else {"replica_id": replica_id})
+        slots = {source: self._ctl.grant_slots(holder, source, count, now, self._slot_s)
+                 for source, count in (want or {}).items()}
+        return {"decisions": decisions, "slots": slots, "slot_s": self._slot_s}
 
     def _rejection(self, reason: str) -> dict:
         return {"rejected": reason, "retry_after_s": self._ctl.retry_after_s()}

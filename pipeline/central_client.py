@@ -8,6 +8,15 @@ so the room they free is there for the admissions after them. An admission the a
 at once is retried alone with `admit` (the call that waits in the bounded queue), so no batch waits
 on a queued session.
 
+Admission slots (`scheduler.admission_slots`): the actor may hand this process a few placements
+decided ahead, per source type. A plain admission (no exclusion, no size, no lease) takes one
+locally and returns at once; the binding (which session took it) is posted and rides the next
+batch. Each batch tops up the stock of every type admitted since the previous batch went, to as
+many as were admitted in the last slot-use window (at most `slots`): an admission finds one ready
+while the load keeps up, the headroom held ahead follows the rate, and a type nobody admits gets
+none. A slot is used only within half of its lease, counted from when it was asked
+for, so its binding reaches the actor in time (a late one still places the session where it went).
+
 A release is posted, not awaited: the caller (a request ending) goes on at once and the release
 rides the next batch. A release lost with a failed batch is not retried: the actor drops a
 placement that its replica's reports stop listing after its grace period, and a one-shot lease
@@ -18,6 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+import uuid
+from collections import deque
 
 import ray
 
@@ -27,17 +39,31 @@ log = logging.getLogger(__name__)
 class CentralClient:
     """Batching wrapper of a `CentralScheduler` handle (one per process, used from one event loop)."""
 
-    def __init__(self, handle, max_batch: int = 512):
+    def __init__(self, handle, max_batch: int = 512, slots: int = 0):
         self.handle = handle
         self.max_batch = max_batch
+        self.max_slots = slots
+        self.holder = uuid.uuid4().hex[:12]
         self._admits: list[tuple[dict, asyncio.Future]] = []
         self._releases: list[tuple[str, int | None]] = []
+        self._binds: list[tuple[str, str, str, str]] = []
+        self._slots: dict[str, deque[tuple[str, str, float]]] = {}  # type -> (slot, replica, use before)
+        self._admitted: set[str] = set()  # source types admitted since the last batch went
+        self._recent: dict[str, deque[float]] = {}  # type -> times of its latest admissions
+        self._use_window_s = 1.0                    # half the actor's slot lease, learned from replies
         self._sender: asyncio.Task | None = None
-        self.calls = 0
+        self.calls = 0          # actor calls made (batches)
+        self.from_slots = 0     # admissions decided here, from a slot
+        self.through_actor = 0  # admissions the actor decided
 
     async def admit(self, session_id: str, source_type: str, timeout_s: float,
                     exclude: list[str] | None = None, **ask) -> dict:
         """Same arguments and result as `CentralScheduler.admit`."""
+        if self.max_slots and not exclude and not any(ask.values()):
+            replica_id = self._take_slot(session_id, source_type)
+            if replica_id is not None:
+                return {"replica_id": replica_id}
+        self.through_actor += 1
         item = {"session_id": session_id, "source_type": source_type, "exclude": list(exclude or ()), **ask}
         decision = await self._enqueue(self._admits, item)
         if decision is None:  # no room right now: wait in the actor's queue
@@ -57,6 +83,50 @@ class CentralClient:
         while self._sender is not None and not self._sender.done():
             await asyncio.shield(self._sender)
 
+    def _take_slot(self, session_id: str, source_type: str) -> str | None:
+        self._admitted.add(source_type)
+        self._recent.setdefault(source_type, deque(maxlen=self.max_slots)).append(time.monotonic())
+        self._drop_stale_slots()
+        held = self._slots.get(source_type)
+        if not held:
+            return None
+        slot_id, replica_id, _ = held.popleft()
+        self._binds.append((slot_id, session_id, replica_id, source_type))
+        self.from_slots += 1
+        self._start_sender()
+        return replica_id
+
+    def replica_died(self, replica_id: str) -> None:
+        """Hand out no more slots on a replica found dead (the actor drops their placements)."""
+        for source_type, held in self._slots.items():
+            self._slots[source_type] = deque(slot for slot in held if slot[1] != replica_id)
+
+    def _drop_stale_slots(self) -> None:
+        """Slots too old to trust give their room back (with the next batch)."""
+        now = time.monotonic()
+        for held in self._slots.values():
+            while held and held[0][2] < now:
+                self._releases.append((held.popleft()[0], None))
+
+    def _want(self) -> dict[str, int]:
+        want, since = {}, time.monotonic() - self._use_window_s
+        for source_type in self._admitted:
+            recent = self._recent[source_type]
+            while recent and recent[0] < since:
+                recent.popleft()
+            missing = len(recent) - len(self._slots.get(source_type, ()))
+            if missing > 0:
+                want[source_type] = missing
+        self._admitted.clear()
+        return want
+
+    def _keep_slots(self, granted: dict, slot_s: float, sent_at: float) -> None:
+        self._use_window_s = slot_s / 2
+        use_before = sent_at + self._use_window_s
+        for source_type, slots in granted.items():
+            held = self._slots.setdefault(source_type, deque())
+            held.extend((slot_id, replica_id, use_before) for slot_id, replica_id in slots)
+
     def _enqueue(self, pending: list, item) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         pending.append((item, future))
@@ -68,21 +138,26 @@ class CentralClient:
             self._sender = asyncio.get_running_loop().create_task(self._send())
 
     async def _send(self) -> None:
-        while self._admits or self._releases:
+        while self._admits or self._releases or self._binds:
             releases, self._releases = self._releases[:self.max_batch], self._releases[self.max_batch:]
             admits, self._admits = self._admits[:self.max_batch], self._admits[self.max_batch:]
+            binds, self._binds = self._binds, []
+            self._drop_stale_slots()
+            want = self._want() if self.max_slots else {}
+            sent_at = time.monotonic()
             try:
                 self.calls += 1
-                decisions = await self.handle.batch.remote(releases, [a for a, _ in admits])
+                reply = await self.handle.batch.remote(releases, [a for a, _ in admits], binds, want, self.holder)
             except Exception as e:  # every admission in the batch sees the actor's failure
-                if releases:
-                    log.warning("%d releases lost with a failed batch (%s); reconciliation drops them",
-                                len(releases), e)
+                if releases or binds:
+                    log.warning("%d releases and %d slot bindings lost with a failed batch (%s); "
+                                "reconciliation mends them", len(releases), len(binds), e)
                 for _, future in admits:
                     if not future.done():
                         future.set_exception(e)
                 continue
-            for (_, future), decision in zip(admits, decisions):
+            self._keep_slots(reply["slots"], reply["slot_s"], sent_at)
+            for (_, future), decision in zip(admits, reply["decisions"]):
                 if not future.done():
                     future.set_result(decision)
 

@@ -21,10 +21,12 @@ MAX_RECOVERIES = 2
 
 
 class EngineClient:
-    def __init__(self, handle, scheduler, admission_timeout_s: float, context_limit: int):
+    def __init__(self, handle, scheduler, admission_timeout_s: float, context_limit: int,
+                 admission_slots: int = 0):
         self._handle = handle
         self._scheduler = scheduler            # the raw handle: replica_died
-        self._central = CentralClient(scheduler)  # admissions and releases, batched per process
+        # admissions and releases, batched per process; plain admissions from slots when granted
+        self._central = CentralClient(scheduler, slots=admission_slots)
         self._admission_timeout_s = admission_timeout_s
         self._context_limit = context_limit  # tokens a session may hold (AppConfig.context_limit)
 
@@ -89,6 +91,7 @@ class EngineClient:
         log.warning("session %s lost its replica %s (dead=%s): replaying %d ops%s", session.session_id, old,
                     dead, len(session.ops), " and its retrieval" if session.retrieval_done else "")
         if dead:
+            self._central.replica_died(old)
             await self._scheduler.replica_died.remote(old)
         _, replica_id = await self.admit(session.source_type, exclude=[old], session_id=session.session_id)
         info = await self._handle.open_session.remote(session.session_id, session.source_type, session.owner,

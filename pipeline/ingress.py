@@ -53,7 +53,7 @@ class Ingress:
         self.config = AppConfig.model_validate(config)
         self.scheduler = get_or_create_scheduler(self.config)
         self.client = EngineClient(engine_handle, self.scheduler, self.config.limits.admission_timeout_s,
-                                   self.config.context_limit)
+                                   self.config.context_limit, self.config.scheduler.admission_slots)
         self.handle = engine_handle
         # Session records live in shard actors (any ingress replica serves any session); idle
         # sessions are dropped there and aborted by their replicas after the TTL.
@@ -113,6 +113,7 @@ class IngressRoutes(Ingress):
         replicas, pressure = await asyncio.gather(self.scheduler.replicas.remote(),
                                                   self.scheduler.pressure.remote())
         self.metrics.refresh(replicas, pressure)
+        self.metrics.count_admissions(self.client.central.from_slots, self.client.central.through_actor)
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
     @_route("get", "/v1/cluster")

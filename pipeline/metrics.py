@@ -43,6 +43,10 @@ class PipelineMetrics:
             REPLICA_CONTEXT_CHUNKS, "Retrieved pieces the replicas pulled from retriever "
             "actors themselves (one Ray hop each; the ingress got a summary)", registry=r)
         self.queued = Gauge("stream2llm_admission_queue", "Sessions waiting for admission", registry=r)
+        self.admission_calls = Gauge(
+            "stream2llm_admissions", "Admissions by this ingress replica so far, by how they were decided "
+            "(`slot`: an admission slot held here, no actor call; `actor`: a call to the central actor)",
+            ["path"], registry=r)
         self.pressure = Gauge("stream2llm_cluster_kv_projected_ratio", "Projected cluster KV use", registry=r)
         # this ingress replica's own process: CPU seconds, memory, open files (benchmarks read its CPU)
         ProcessCollector(namespace=INGRESS_PROCESS, registry=r)
@@ -51,6 +55,10 @@ class PipelineMetrics:
         if stats.get("ttft_s") is not None:
             self.ttft.labels(endpoint).observe(stats["ttft_s"])
         self.invalidated.inc(stats.get("tokens_invalidated", 0) or 0)
+
+    def count_admissions(self, from_slots: int, through_actor: int) -> None:
+        self.admission_calls.labels("slot").set(from_slots)
+        self.admission_calls.labels("actor").set(through_actor)
 
     def refresh(self, replicas: dict, pressure: dict) -> None:
         for name in ("kv_used", "kv_total", "kv_usage", "sessions", "preemptions"):

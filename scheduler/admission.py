@@ -12,6 +12,7 @@ the wait times out. Everything is rebuilt from reports after a restart.
 Cost: admit, release and a one-session change are O(log R); a replica's report costs O(its own
 sessions); nothing scans all sessions or all replicas (`scheduler.replica_index`). Placements that
 their replica's reports stop listing are dropped after `grace_s`; one-shot requests hold a lease.
+Admission slots (placements decided ahead for a caller): `scheduler.admission_slots`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import math
 
 from scheduler.admission_queue import AdmissionQueues, Ask
+from scheduler.admission_slots import SlotGrants
 from scheduler.demand import DemandModel, desired_replicas
 from scheduler.replica_index import (ClusterPressure, Placement, ReplicaIndex, ReplicaReport, ReplicaState,
                                     blocks_for)
@@ -35,7 +37,7 @@ class UnknownSessionError(AdmissionError):
     """The session id has no placement."""
 
 
-class AdmissionController:
+class AdmissionController(SlotGrants):
     """Routing by projected KV headroom, session affinity and bounded admission queues."""
 
     def __init__(self, demand: DemandModel, max_queue: int = 16, stale_after_s: float = 10.0,
@@ -45,6 +47,7 @@ class AdmissionController:
         self._placements: dict[str, Placement] = {}
         self._queue = AdmissionQueues(max_queue)
         self._dead: dict[str, float] = {}  # replica -> until when its (late) reports are ignored
+        self._slot_seq = 0                 # admission slots granted so far (their ids)
         self.rejected = 0
         self.dropped = 0                   # placements reconciled away (never opened, leaked, expired)
         self.configure(max_queue=max_queue, grace_s=grace_s, max_sessions=max_sessions)
@@ -125,6 +128,7 @@ class AdmissionController:
         return now - p.seen_at > self.grace_s
 
     def _unplace(self, r: ReplicaState, p: Placement) -> None:
+        r.slots -= p.slot
         r.take(p)
         r.placements.pop(p.session_id, None)
         self._placements.pop(p.session_id, None)
@@ -207,6 +211,7 @@ class AdmissionController:
         r = self._index.replicas[p.replica_id]
         self._index.begin(r)
         p.replica_id, p.reserved_blocks = r.replica_id, blocks_for(tokens, r.report.block_size)
+        r.slots += p.slot
         self._placements[p.session_id] = r.placements[p.session_id] = p
         r.put(p)
         self._index.commit(r)

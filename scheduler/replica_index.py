@@ -50,6 +50,7 @@ class Placement:
     seen_at: float = 0.0              # admission, or the last report that listed it
     lease_until: float | None = None  # one-shot requests: dropped after this, reports or not
     current_blocks: int = 0           # as the replica last reported
+    slot: bool = False                # an admission slot nobody took yet (scheduler.admission_slots)
 
     @property
     def growth(self) -> int:
@@ -66,6 +67,7 @@ class ReplicaState:
     footprint: int = 0                # sum of the placements' max(reserved, current) blocks
     draining: bool = False
     version: int = 0
+    slots: int = 0                    # admission slots placed here and not yet taken
 
     @property
     def projected(self) -> int:
@@ -122,7 +124,7 @@ class Totals:
         self.kv_blocks_total += sign * r.report.kv_blocks_total
         self.kv_blocks_used += sign * r.report.kv_blocks_used
         self.kv_blocks_projected += sign * r.projected
-        self.sessions += sign * len(r.placements)
+        self.sessions += sign * (len(r.placements) - r.slots)  # untaken admission slots are no sessions
 
 
 class ReplicaIndex:

@@ -136,6 +136,38 @@ def test_batched_client_admits_and_releases_in_few_calls(central):
     assert all(ray.get(central.lookup.remote(f"b{i}")) is None for i in range(40))
 
 
+def test_admissions_from_slots_skip_the_actor_and_are_placed_there_afterwards(central):
+    """After admissions of a type, the client holds about as many slots and admits the next ones
+    without an actor call; every session is placed where the client said, and releases free the room."""
+    from pipeline.central_client import CentralClient
+
+    ray.get(central.report.remote({**report("c1"), "kv_blocks_total": 1000}))  # room for slots
+
+    async def scenario():
+        client = CentralClient(central, slots=4)
+        first = await asyncio.gather(*(client.admit(f"w{i}", "client", 5.0) for i in range(4)))
+        await client.flush()  # no slots yet: through the actor, whose reply brought 4 slots
+        calls = client.calls
+        later = [await client.admit(f"s{i}", "client", 5.0) for i in range(4)]
+        from_slots, calls_during = client.from_slots, client.calls - calls
+        await client.flush()
+        placed = [ray.get(central.lookup.remote(f"s{i}")) for i in range(4)]
+        for sid in [f"{p}{i}" for p in "ws" for i in range(4)]:
+            client.release(sid)
+        await client.flush()
+        still_held = (sum(len(h) for h in client._slots.values()), await central.sessions_on.remote("c1"))
+        client.replica_died("c1")  # its slots are not handed out any more
+        after_death = await client.admit("after", "client", 5.0)
+        return first, later, from_slots, calls_during, placed, still_held, after_death, client.from_slots
+
+    first, later, from_slots, calls_during, placed, still_held, after_death, slots_used = asyncio.run(scenario())
+    assert first == [{"replica_id": "c1"}] * 4 and later == [{"replica_id": "c1"}] * 4
+    assert from_slots == 4 and calls_during <= 1  # the bindings ride one posted batch
+    assert placed == ["c1"] * 4
+    assert still_held[0] == still_held[1] > 0  # only the unused slots remain placed
+    assert after_death == {"replica_id": "c1"} and slots_used == 4  # decided by the actor (still alive there)
+
+
 class _FailingBatches:
     """A handle whose batch call fails (the actor died mid-call); records what it was sent."""
 
@@ -147,7 +179,7 @@ class _FailingBatches:
         self.sent.append((list(releases), [a["session_id"] for a in asks]))
         raise ray.exceptions.RayActorError()
 
-    def remote(self, releases, asks):
+    def remote(self, releases, asks, *slot_traffic):
         return self._fail(releases, asks)
 
 
@@ -167,4 +199,4 @@ def test_posted_release_does_not_wait_and_a_failed_batch_fails_only_its_admissio
 
     sent = asyncio.run(scenario())
     assert sent[0] == ([("gone", 100)], ["new"])
-    assert "1 releases lost" in caplog.text
+    assert "1 releases and 0 slot bindings lost" in caplog.text

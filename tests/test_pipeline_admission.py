@@ -233,6 +233,8 @@ def test_incremental_sums_match_a_full_recount_under_random_operations():
     rng = random.Random(7)
     c = AdmissionController(DemandModel({"x": 160, "y": 480}), max_queue=8, stale_after_s=3.0, grace_s=2.0)
     sessions: dict[str, dict[str, int]] = {r: {} for r in "abcd"}
+    slots: list[tuple[str, str, str]] = []  # admission slots granted: (slot id, replica, type)
+    granted = bound = 0
     for step in range(2000):
         now = step * 0.01
         op, rid, sid = rng.random(), rng.choice("abcd"), f"s{rng.randrange(300)}"
@@ -246,20 +248,32 @@ def test_incremental_sums_match_a_full_recount_under_random_operations():
                 held.pop(sid, None)
         elif op < 0.72:
             c.set_draining(rid, rng.random() < 0.5)
+        elif op < 0.76:
+            source = rng.choice("xy")
+            new = [(slot, r, source) for slot, r in c.grant_slots("h", source, rng.randrange(1, 4), now, 0.5)]
+            slots, granted = slots + new, granted + len(new)
+        elif op < 0.8 and slots:
+            slot, placed, source = slots.pop(rng.randrange(len(slots)))
+            c.bind_slot(slot, sid, placed, source, now)
+            bound += 1
+            if _placed(c, sid) and c.placement(sid).replica_id == placed and rng.random() < 0.8:
+                sessions[placed][sid] = rng.randrange(600)
         else:
-            used = min(100, sum(blocks_for(t, 16) for t in sessions[rid].values()))
-            c.report(report(rid, used=used, sessions=dict(sessions[rid])), now=now)
+            used = min(1000, sum(blocks_for(t, 16) for t in sessions[rid].values()))
+            c.report(report(rid, used=used, total=1000, sessions=dict(sessions[rid])), now=now)
         p = c.pressure(now)
         live = c.live_replicas(now)
         reps = c.reports()
         assert p.kv_blocks_used == sum(reps[r].kv_blocks_used for r in live)
         placed = [c.placement(f"s{i}") for i in range(300) if _placed(c, f"s{i}")]
+        untaken = [c.placement(slot) for slot, _, _ in slots if _placed(c, slot)]
         expected_projection = sum(
-            max(reps[r].kv_blocks_used + sum(pl.growth for pl in placed if pl.replica_id == r),
-                sum(max(pl.reserved_blocks, pl.current_blocks) for pl in placed if pl.replica_id == r))
+            max(reps[r].kv_blocks_used + sum(pl.growth for pl in placed + untaken if pl.replica_id == r),
+                sum(max(pl.reserved_blocks, pl.current_blocks) for pl in placed + untaken if pl.replica_id == r))
             for r in live)
         assert p.kv_blocks_projected == expected_projection, step
-        assert p.sessions == sum(1 for pl in placed if pl.replica_id in live)
+        assert p.sessions == sum(1 for pl in placed if pl.replica_id in live)  # slots are no sessions
+    assert granted >= 20 and bound >= 20  # the slot paths ran (54 of each with this seed)
 
 
 def _placed(c, session_id):
