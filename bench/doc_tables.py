@@ -131,7 +131,7 @@ def central(data: dict) -> str:
     met, logic = data["met"], data["logic_in_process"]
     return (table(["callers", "load", "admissions/s", "p50", "p99", "actor calls per admission",
                    "from slots"], rows) + "\n\n" +
-            f"Headline rows: median of {data['repeats']} runs each (admissions/s {num(sat['spread']['admits_per_s'][0])} "
+            f"Headline rows: median of {sat['repeats']} runs each (admissions/s {num(sat['spread']['admits_per_s'][0])} "
             f"to {num(sat['spread']['admits_per_s'][1])} saturating; p99 {ms(target['spread']['admit_p99_ms'][0])} to "
             f"{ms(target['spread']['admit_p99_ms'][1])} at {rate}); the other rows one run. "
             f"The admission logic alone (in-process, no Ray, same scale): {num(logic['us_per_admit_release'])} µs "
