@@ -11,6 +11,7 @@ import logging
 
 from engine.api import SessionNotFoundError
 from pipeline.central_client import CentralClient
+from pipeline.cleanup import cleanup
 from pipeline.errors import AdmissionRejected, AnswerNotReproducible, is_replica_gone, unwrap
 from pipeline.sessions import SessionLog, new_session_id
 from stream2llm.data.traces import ContextOp
@@ -53,12 +54,20 @@ class EngineClient:
         try:
             info = await self._handle.open_session.remote(session_id, source_type, owner, route_to=replica_id)
         except BaseException:
-            self._central.release(session_id)
+            # A caller cut off (client disconnect) does not undo an open that reached the replica:
+            # close it there too, or it holds its slot and KV until the replica's idle TTL.
+            cleanup(self._abort_unopened(session_id, replica_id))
             raise
         if info["replica_id"] != replica_id:  # routed elsewhere: its holder's next report adopts it
             log.warning("session %s opened on %s, not on %s", session_id, info["replica_id"], replica_id)
             self._central.release(session_id)
         return SessionLog(session_id, source_type, info["replica_id"], info["node_id"], owner=owner)
+
+    async def _abort_unopened(self, session_id: str, replica_id: str) -> None:
+        try:
+            await self.abort(SessionLog(session_id, "", replica_id))
+        except Exception as e:  # best effort: the replica's idle TTL frees it otherwise
+            log.warning("abort of session %s after a failed open failed: %r", session_id, e)
 
     async def add(self, session: SessionLog, op: ContextOp, text: str) -> int:
         """Append or replace context; the op is logged only once the replica accepted it."""

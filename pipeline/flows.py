@@ -12,13 +12,13 @@ KV is freed at once; an answer that loses its reader keeps running on its replic
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.answers import AnswerEnd
+from pipeline.cleanup import cleanup
 from pipeline.errors import LimitExceeded, unwrap
 from pipeline.sessions import SessionLog
 from pipeline.sources import (AppendChunk, Done, ReplaceContext, SourceError, citation, context_change,
@@ -106,23 +106,6 @@ async def resume_events(ctx: FlowContext, session_id: str, replica_id: str, afte
         yield event
     yield "final", {**final_event(session, stats), "resumed": True}, answer_event_id(
         session_id, replica_id, stats.get("output_tokens") or 0)
-
-
-_CLEANUPS: set[asyncio.Task] = set()  # clean-up tasks in flight (strong references)
-
-
-def cleanup(coro):
-    """Run a clean-up call so that a client disconnect cannot cancel it.
-
-    `asyncio.shield` is not enough: Serve cancels every handle call made under a cancelled
-    request's context, clean-up calls included. A task started in a fresh context is not the
-    request's child; awaiting it shielded keeps the order (clean up, then finish) on normal exits.
-    """
-    task = asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
-    # The loop holds tasks weakly: once the cancelled caller stops awaiting, nothing else may.
-    _CLEANUPS.add(task)
-    task.add_done_callback(_CLEANUPS.discard)
-    return asyncio.shield(task)
 
 
 async def _abort(ctx: FlowContext, session: SessionLog) -> None:

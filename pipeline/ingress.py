@@ -26,7 +26,8 @@ from pipeline.central import SchedulerUnavailable, get_or_create_scheduler, sche
 from pipeline.client import EngineClient
 from pipeline.config import AppConfig
 from pipeline.errors import AdmissionRejected, BadRequest, unwrap
-from pipeline.flows import FlowContext, answer_events, cleanup, parse_event_id, rag_events, resume_events
+from pipeline.cleanup import cleanup
+from pipeline.flows import FlowContext, answer_events, parse_event_id, rag_events, resume_events
 from pipeline.http_util import (LimitsMiddleware, error_response, event_stream, first_then_rest,
                                 http_exception_response, validation_response)
 from pipeline.metrics import PipelineMetrics
