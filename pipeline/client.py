@@ -103,6 +103,7 @@ class EngineClient:
             self._central.replica_died(old)
             await self._scheduler.replica_died.remote(old)
         _, replica_id = await self.admit(session.source_type, exclude=[old], session_id=session.session_id)
+        session.replica_id = replica_id  # from now on an abort (a cut-off caller) goes to the new replica
         info = await self._handle.open_session.remote(session.session_id, session.source_type, session.owner,
                                                       route_to=replica_id)
         session.replica_id, session.node_id = info["replica_id"], info["node_id"]
