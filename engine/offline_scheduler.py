@@ -32,7 +32,7 @@ def final(max_tokens: int = 2) -> SamplingParams:
 
 
 def make_scheduler(scheduler_cls, policy: str, num_blocks: int = 64, max_num_seqs: int = 4,
-                   budget: int = 256) -> Scheduler:
+                   budget: int = 256, log_stats: bool = False) -> Scheduler:
     path = resolve_model("tiny")
     model = ModelConfig(model=path, tokenizer=path, max_model_len=2048, dtype="float32",
                         skip_tokenizer_init=True)
@@ -46,7 +46,8 @@ def make_scheduler(scheduler_cls, policy: str, num_blocks: int = 64, max_num_seq
     kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
     return scheduler_cls(vllm_config=config, kv_cache_config=kv,
-                         structured_output_manager=StructuredOutputManager(config), block_size=BS)
+                         structured_output_manager=StructuredOutputManager(config), block_size=BS,
+                         log_stats=log_stats)
 
 
 class Driver:
@@ -60,6 +61,7 @@ class Driver:
         self.finished: set[str] = set()
         self.outputs: dict[str, list[int]] = {}
         self.kv_params: dict[str, dict] = {}  # final outputs' kv_transfer_params, by request
+        self.stats = None                     # the last step's SchedulerStats (when log_stats is on)
         self.stop_reasons: dict[str, list] = {}  # stop reason of every turn's end, by request
 
     def turn(self, rid: str, n: int, params=PARTIAL, resumable: bool = True) -> None:
@@ -81,6 +83,7 @@ class Driver:
         runner = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                    sampled_token_ids=sampled)
         for outputs in self.s.update_from_output(out, runner).values():
+            self.stats = outputs.scheduler_stats or self.stats
             for o in outputs.outputs:
                 self.outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
                 if o.finish_reason is not None:

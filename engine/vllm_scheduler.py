@@ -13,7 +13,9 @@ calls, and applies its decision to vLLM:
   token budget first, who is admitted first, and whom vLLM itself preempts when a running request
   cannot grow (it takes `running[-1]`, now the lowest-ranked running request).
 - under a policy that limits early prefill (`StepBudget.early_prefill_tokens`), waiting partial
-  streams beyond the step's allowance sit out the step while a completed prompt has work.
+  streams beyond the step's allowance sit out the step while a completed prompt has work (off the
+  queues during `schedule` only; vLLM makes its step stats later, in `update_from_output`, so they
+  count there as waiting).
 - idle streaming sessions (waiting for their next chunk) are parked outside vLLM's queues and its
   `max_num_seqs` count, so open sessions never block admission of new work; a parked session keeps
   its KV until the planner evicts it and rejoins the queues when its next chunk arrives.

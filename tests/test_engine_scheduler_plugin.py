@@ -40,7 +40,7 @@ def test_idle_sessions_do_not_hold_slots(policy):
 
 @pytest.mark.parametrize("policy", ["lcas", "tailguard"])
 def test_policy_orders_vllms_waiting_queue_and_running_list(policy):
-    s = make_scheduler(StreamingScheduler, policy, num_blocks=256, max_num_seqs=8)
+    s = make_scheduler(StreamingScheduler, policy, num_blocks=256, max_num_seqs=8, log_stats=True)
     d = Driver(s)
     d.turn("partial", 300)  # a new partial stream; longer than one step's budget
     d.turn("question", 40, final(4), resumable=False)  # complete: ranked first, arrived later
@@ -56,6 +56,8 @@ def test_policy_orders_vllms_waiting_queue_and_running_list(policy):
     # partial chunk, bigger than that, sits out the step and is back in the queue after it
     assert out.num_scheduled_tokens == {"question": 40}
     assert [r.request_id for r in s.waiting] == ["partial"] and not s._held_back
+    # vLLM makes the step's stats after `schedule` returned: the stream that sat out counts as waiting
+    assert (d.stats.num_running_reqs, d.stats.num_waiting_reqs) == (1, 1)
     d.run_until(lambda: "question" not in s.requests)
     d.run_until(lambda: _idle(d, "partial"))
     assert s.requests["partial"].num_computed_tokens == 300
