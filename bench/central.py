@@ -4,9 +4,9 @@
 
 256 simulated replicas report every second (each report lists its ~78 open sessions, so the actor
 refreshes 20,000 session sizes per second), 20,000 sessions stay open, and load generators (Ray
-actors in their own processes, a fixed number of concurrent callers each) admit a new session and
-release it again (batched callers post the release, as the ingress does: it rides the next batch,
-ahead of that batch's admissions). Two loads, each `--repeats` runs, figures the median (spread
+actors in their own processes) admit a new session and release it again, through
+`CentralClient` as the ingress has it (batched calls, `--slots` admission slots; the release is
+posted and rides the next batch, ahead of that batch's admissions). Two loads, each `--repeats` runs, figures the median (spread
 recorded):
 - capacity, `admits_per_s`: a closed loop, a fixed number of callers each admitting again as soon
   as it is answered. It saturates the actor, so its latency is set by the number of callers (Little's
@@ -14,10 +14,11 @@ recorded):
 - latency, `admit_p50_ms` / `admit_p99_ms`: an open loop offering the target rate (Poisson arrivals,
   `offered_admits_per_s`, split over the generators), each admission timed from its scheduled arrival,
   so an admission delayed behind a slow one counts its wait (no coordinated omission).
-Latency is measured by the caller around the `admit` call (Ray round trip included). Targets:
-`admits_per_s` >= 5,000, `admit_p99_ms` < 5 at 5,000 admissions/s. For scale, the same run times the bare
-Ray round trip to the actor (one caller, an empty call at a time, under the same reports), and
-`logic_in_process` times the pure admission logic alone at the same scale (no Ray).
+Latency is measured by the caller around the `admit` call (Ray round trip included, when there is
+one). Targets: `admits_per_s` >= 5,000, `admit_p99_ms` < 5 at 5,000 admissions/s. For comparison,
+one run of each load without slots (`without_slots`), the closed loop with one actor call per
+operation (`unbatched`), the bare Ray round trip to the actor (one caller, an empty call at a time,
+under the same reports), and `logic_in_process`, the pure admission logic alone at the same scale.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ class CentralScheduler:
         self._ctl = AdmissionController(DemandModel(priors), max_queue, stale_after_s, reserve_frac)
         self._lease_s = 600.0
         self._slot_s = 2.0
+        self._closed: dict[str, float] = {}  # replica -> when it began draining or was found dead
         self._waiters: dict[str, asyncio.Future] = {}
         self.started_at = time.time()
         self.configure({**settings, **(self._published() or {})})
@@ -128,7 +129,7 @@ class CentralScheduler:
         holds `admit`'s arguments but `timeout_s`, and its decision is {"replica_id"}, or None when
         it could not be placed at once (the caller then waits with `admit`); `want`: slots asked
         per source type for `holder`. Returns {"decisions", "slots": {type: [[slot, replica]]},
-        "slot_s"}. See `pipeline.central_client.CentralClient`.
+        "slot_s", "closed": replicas whose slots must not be used any more}. See `pipeline.central_client.CentralClient`.
         """
         now = time.monotonic()
         for slot_id, session_id, replica_id, source_type in binds:
@@ -144,7 +145,12 @@ class CentralScheduler:
             decisions.append(None if replica_id is None else {"replica_id": replica_id})
         slots = {source: self._ctl.grant_slots(holder, source, count, now, self._slot_s)
                  for source, count in (want or {}).items()}
-        return {"decisions": decisions, "slots": slots, "slot_s": self._slot_s}
+        return {"decisions": decisions, "slots": slots, "slot_s": self._slot_s, "closed": self._recently_closed(now)}
+
+    def _recently_closed(self, now: float) -> list[str]:
+        """Replicas that began draining or died within a slot lease: holders drop their slots there."""
+        self._closed = {rid: t for rid, t in self._closed.items() if now - t < self._slot_s}
+        return list(self._closed)
 
     def _rejection(self, reason: str) -> dict:
         return {"rejected": reason, "retry_after_s": self._ctl.retry_after_s()}
@@ -172,10 +178,13 @@ class CentralScheduler:
 
     def replica_died(self, replica_id: str) -> list[str]:
         """Forget a dead replica; its late reports are ignored until `stale_after_s` has passed."""
+        self._closed[replica_id] = time.monotonic()
         return self._ctl.forget_replica(replica_id, time.monotonic())
 
     def drain(self, replica_id: str, draining: bool = True) -> int:
         """Scale-down: no new sessions go to the replica; returns the sessions still placed there."""
+        if draining:
+            self._closed[replica_id] = time.monotonic()
         return self._ctl.set_draining(replica_id, draining)
 
     def sessions_on(self, replica_id: str) -> int:

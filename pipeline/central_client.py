@@ -14,8 +14,9 @@ locally and returns at once; the binding (which session took it) is posted and r
 batch. Each batch tops up the stock of every type admitted since the previous batch went, to as
 many as were admitted in the last slot-use window (at most `slots`): an admission finds one ready
 while the load keeps up, the headroom held ahead follows the rate, and a type nobody admits gets
-none. A slot is used only within half of its lease, counted from when it was asked
-for, so its binding reaches the actor in time (a late one still places the session where it went).
+none. Slots on a replica that began draining or died are dropped with the next reply. A slot is
+used only within half of its lease, counted from when it was asked for, so its binding reaches the
+actor in time (a late one still places the session where it went).
 
 A release is posted, not awaited: the caller (a request ending) goes on at once and the release
 rides the next batch. A release lost with a failed batch is not retried: the actor drops a
@@ -97,7 +98,8 @@ class CentralClient:
         return replica_id
 
     def replica_died(self, replica_id: str) -> None:
-        """Hand out no more slots on a replica found dead (the actor drops their placements)."""
+        """Hand out no more slots on a replica found dead or draining (the actor says so in each
+        batch's reply, this process when a call finds it dead)."""
         for source_type, held in self._slots.items():
             self._slots[source_type] = deque(slot for slot in held if slot[1] != replica_id)
 
@@ -157,6 +159,8 @@ class CentralClient:
                         future.set_exception(e)
                 continue
             self._keep_slots(reply["slots"], reply["slot_s"], sent_at)
+            for replica_id in reply["closed"]:
+                self.replica_died(replica_id)
             for (_, future), decision in zip(admits, reply["decisions"]):
                 if not future.done():
                     future.set_result(decision)

@@ -151,21 +151,24 @@ def test_admissions_from_slots_skip_the_actor_and_are_placed_there_afterwards(ce
         later = [await client.admit(f"s{i}", "client", 5.0) for i in range(4)]
         from_slots, calls_during = client.from_slots, client.calls - calls
         await client.flush()
-        placed = [ray.get(central.lookup.remote(f"s{i}")) for i in range(4)]
+        placed = [await central.lookup.remote(f"s{i}") for i in range(4)]
         for sid in [f"{p}{i}" for p in "ws" for i in range(4)]:
             client.release(sid)
         await client.flush()
         still_held = (sum(len(h) for h in client._slots.values()), await central.sessions_on.remote("c1"))
-        client.replica_died("c1")  # its slots are not handed out any more
-        after_death = await client.admit("after", "client", 5.0)
-        return first, later, from_slots, calls_during, placed, still_held, after_death, client.from_slots
+        await central.drain.remote("c1")  # scale-down begins: its slots go with the next reply
+        client.release("not-placed")     # any batch brings that reply
+        await client.flush()
+        held_after_drain = sum(len(h) for h in client._slots.values())
+        after_drain = await client.admit("after", "client", 5.0)  # through the actor: nowhere to go
+        return first, later, from_slots, calls_during, placed, still_held, held_after_drain, after_drain
 
-    first, later, from_slots, calls_during, placed, still_held, after_death, slots_used = asyncio.run(scenario())
+    first, later, from_slots, calls_during, placed, still_held, held_after_drain, after_drain = asyncio.run(scenario())
     assert first == [{"replica_id": "c1"}] * 4 and later == [{"replica_id": "c1"}] * 4
     assert from_slots == 4 and calls_during <= 1  # the bindings ride one posted batch
     assert placed == ["c1"] * 4
     assert still_held[0] == still_held[1] > 0  # only the unused slots remain placed
-    assert after_death == {"replica_id": "c1"} and slots_used == 4  # decided by the actor (still alive there)
+    assert held_after_drain == 0 and "rejected" in after_drain
 
 
 class _FailingBatches:

@@ -38,7 +38,7 @@ class _Central:
 
     async def _batch(self, releases, asks, *slot_traffic):
         self.released += [sid for sid, _ in releases]
-        return {"decisions": [{"replica_id": "r1"} for _ in asks], "slots": {}, "slot_s": 2.0}
+        return {"decisions": [{"replica_id": "r1"} for _ in asks], "slots": {}, "slot_s": 2.0, "closed": []}
 
 
 def test_an_open_cut_short_after_the_replica_opened_is_aborted_there():
