@@ -231,6 +231,11 @@ def reliability(data: dict) -> str:
         "" if leaks.get("drained") or not after_ttl else
         f" (left open: {leaks.get('replica_sessions')} session(s), {leaks.get('kv_blocks_used')} KV blocks; "
         f"drained by the idle-session TTL: {num(after_ttl.get('drained'))})")
+    left = kill.get("left_routers_s")
+    if left:
+        routing += ("; out of every ingress's router after " +
+                    ", ".join(seconds(v) if v is not None else "**not within 30 s**" for v in left.values()) +
+                    f" ({len(left)} ingress replica(s))")
     text += (f"\n\nReplica kill: {'at ' + num(kill.get('at_s')) + ' s' if kill.get('killed') else 'not done'}"
              f"{routing}; drained: {drained}; latency p50 {seconds(data['latency_s']['p50'])}, "
              f"p95 {seconds(data['latency_s']['p95'])}.")

@@ -210,6 +210,26 @@ async def _dropped_by_controller_s(replica_id: str, killed_at: float, deployment
     return None
 
 
+async def _left_routers_s(http: httpx.AsyncClient, base: str, replica_id: str, killed_wall: float,
+                          timeout_s: float = 30.0) -> dict[str, float | None]:
+    """Per ingress replica: seconds from the kill until its router stopped routing to the replica
+    (`pipeline.router.ROUTING_EXITS`, shown in /v1/cluster), None for one that has not by
+    `timeout_s`. Polls /v1/cluster (the proxy spreads the polls over the ingress replicas) until
+    every running ingress has answered with the exit, or the timeout."""
+    left: dict[str, float | None] = {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+            routing = (await http.get(f"{base}/v1/cluster")).json()["routing"]
+            exit_at = routing["exits"].get(replica_id)
+            left[routing["ingress"]] = None if exit_at is None else round(exit_at - killed_wall, 3)
+        ingresses = await asyncio.to_thread(routable_replicas, INGRESS_DEPLOYMENT) or ()
+        if ingresses and all(left.get(i) is not None for i in ingresses):
+            break
+        await asyncio.sleep(0.1)
+    return left
+
+
 async def kill_busiest_replica(http: httpx.AsyncClient, base: str, t0: float, deadline_s: float,
                                record: dict) -> dict:
     """Once two replicas report (or from `deadline_s` on, with one), kill the one holding the most
@@ -223,12 +243,16 @@ async def kill_busiest_replica(http: httpx.AsyncClient, base: str, t0: float, de
             if busiest and busiest[1]["sessions"] and (len(replicas) >= 2 or elapsed >= deadline_s):
                 listed = busiest[0] in (await asyncio.to_thread(routable_replicas) or ())
                 await asyncio.to_thread(_kill, busiest[0])
-                killed_at = time.monotonic()
+                killed_at, killed_wall = time.monotonic(), time.time()
                 record.update(killed=True, replica_id=busiest[0], at_s=round(elapsed, 2),
                               replicas_reporting=len(replicas), sessions_on_victim=len(busiest[1]["sessions"]))
                 # a victim not yet listed (still starting for Serve) was never routable: nothing to time
-                record["dropped_by_controller_s"] = (await _dropped_by_controller_s(busiest[0], killed_at)
-                                                     if listed else None)
+                if listed:
+                    record["dropped_by_controller_s"], record["left_routers_s"] = await asyncio.gather(
+                        _dropped_by_controller_s(busiest[0], killed_at),
+                        _left_routers_s(http, base, busiest[0], killed_wall))
+                else:
+                    record["dropped_by_controller_s"] = None
                 record["was_routable"] = listed
                 return record
         await asyncio.sleep(0.25)

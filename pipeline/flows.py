@@ -11,7 +11,6 @@ KV is freed at once; an answer that loses its reader keeps running on its replic
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass

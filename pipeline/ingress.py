@@ -31,6 +31,7 @@ from pipeline.flows import FlowContext, answer_events, parse_event_id, rag_event
 from pipeline.http_util import (LimitsMiddleware, error_response, event_stream, first_then_rest,
                                 http_exception_response, validation_response)
 from pipeline.metrics import PipelineMetrics
+from pipeline.routing_exits import ROUTING_EXITS
 from pipeline.oneshot import oneshot_rag_events
 from pipeline.prompt import fetch_template
 from pipeline.retriever_actors import RetrieverActors
@@ -121,7 +122,9 @@ class IngressRoutes(Ingress):
     async def cluster(self):
         replicas, pressure = await asyncio.gather(self.scheduler.replicas.remote(),
                                                   self.scheduler.pressure.remote())
-        return {"pressure": pressure, "replicas": replicas}
+        # this ingress's router: when it stopped routing to replicas that left (the drills read it)
+        routing = {"ingress": self.ingress_id, "exits": dict(ROUTING_EXITS)}
+        return {"pressure": pressure, "replicas": replicas, "routing": routing}
 
     @_route("post", "/v1/rag", responses={**event_stream_or_json("The answer: SSE events (context, token, final), or JSON."),
                                        **error_responses(*BODY_ERRORS, 404, 409, 429, 501)})

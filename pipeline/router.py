@@ -9,7 +9,9 @@ the ingress replays the session's context there (recovery).
 
 Only a replica the router has never listed is waited for (one just started); one it listed
 before and no longer lists is gone, and calls for it fall back at once: a dead replica never
-stalls routing.
+stalls routing. Each process records when its routers stopped routing to a replica
+(`pipeline.routing_exits`: Serve's controller dropped it, or a call found its actor dead); the
+ingress shows them in /v1/cluster, and the reliability drills time them per ingress.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import time
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+from pipeline import routing_exits
 
 # A session is admitted to a replica as soon as that replica reports to the central scheduler,
 # which can be a moment before Serve's routers list it (a replica just added by autoscaling).
@@ -43,6 +47,15 @@ def rank_for_request(candidates: list[RunningReplica], target: str | None) -> li
 
 
 class AffinityRouter(RequestRouter):
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        before = {replica_id.unique_id for replica_id in self.curr_replicas}
+        super().update_replicas(replicas)
+        routing_exits.note(before - {r.replica_id.unique_id for r in replicas})
+
+    def on_replica_actor_died(self, replica_id) -> None:
+        super().on_replica_actor_died(replica_id)
+        routing_exits.note([replica_id.unique_id])
+
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         seen = self._seen_ids(candidate_replicas)
