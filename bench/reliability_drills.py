@@ -50,8 +50,8 @@ async def ask_and_leave(http: httpx.AsyncClient, base: str, question: str, sourc
                 await response.aread()
                 result.error = error_reason(response)
                 return result, False
-            async for name, data, _ in sse_events(response):
-                apply_event(result, name, data)
+            async for name, data, event_id in sse_events(response):
+                apply_event(result, name, data, event_id)
                 if name == leave_on:
                     return result, True  # leaving the block closes the connection
     except httpx.HTTPError as e:
@@ -130,7 +130,8 @@ async def send_session(http: httpx.AsyncClient, base: str, plan, t0: float, time
             "replica_id": result.final.get("replica_id"), "contexts": result.contexts, "skipped": result.skipped,
             "resumed": result.resumed, "reasked": first is not None,
             "cut_error": None if first is None else first.error,
-            "ingresses": (first.ingresses if first else []) + result.ingresses}
+            "ingresses": (first.ingresses if first else []) + result.ingresses,
+            "session_id": result.session_id or (first.session_id if first else None)}
 
 
 # ---- cluster-side sampling and drills --------------------------------------------------------------
@@ -211,18 +212,20 @@ async def _dropped_by_controller_s(replica_id: str, killed_at: float, deployment
 
 
 async def _left_routers_s(http: httpx.AsyncClient, base: str, replica_id: str, killed_wall: float,
-                          timeout_s: float = 30.0) -> dict[str, float | None]:
+                          timeout_s: float = 30.0) -> dict[str, float | str | None]:
     """Per ingress replica: seconds from the kill until its router stopped routing to the replica
-    (`pipeline.router.ROUTING_EXITS`, shown in /v1/cluster), None for one that has not by
-    `timeout_s`. Polls /v1/cluster (the proxy spreads the polls over the ingress replicas) until
-    every running ingress has answered with the exit, or the timeout."""
-    left: dict[str, float | None] = {}
+    (`pipeline.routing_exits`, shown in /v1/cluster); "never listed" for a router that did not list
+    it (an ingress started after the kill); None for one still listing it after `timeout_s`. Polls
+    /v1/cluster (the proxy spreads the polls over the ingress replicas) until every running
+    ingress has answered with one of the first two, or the timeout."""
+    left: dict[str, float | str | None] = {}
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
             routing = (await http.get(f"{base}/v1/cluster")).json()["routing"]
             exit_at = routing["exits"].get(replica_id)
-            left[routing["ingress"]] = None if exit_at is None else round(exit_at - killed_wall, 3)
+            left[routing["ingress"]] = (round(exit_at - killed_wall, 3) if exit_at is not None else
+                                        None if replica_id in routing["listed"] else "never listed")
         ingresses = await asyncio.to_thread(routable_replicas, INGRESS_DEPLOYMENT) or ()
         if ingresses and all(left.get(i) is not None for i in ingresses):
             break

@@ -31,7 +31,7 @@ from pipeline.flows import FlowContext, answer_events, parse_event_id, rag_event
 from pipeline.http_util import (LimitsMiddleware, error_response, event_stream, first_then_rest,
                                 http_exception_response, validation_response)
 from pipeline.metrics import PipelineMetrics
-from pipeline.routing_exits import ROUTING_EXITS
+from pipeline.routing_exits import LISTED, ROUTING_EXITS
 from pipeline.oneshot import oneshot_rag_events
 from pipeline.prompt import fetch_template
 from pipeline.retriever_actors import RetrieverActors
@@ -120,10 +120,11 @@ class IngressRoutes(Ingress):
 
     @_route("get", "/v1/cluster")
     async def cluster(self):
+        """The central scheduler's view (pressure, live replicas) and this ingress's routing exits."""
         replicas, pressure = await asyncio.gather(self.scheduler.replicas.remote(),
                                                   self.scheduler.pressure.remote())
         # this ingress's router: when it stopped routing to replicas that left (the drills read it)
-        routing = {"ingress": self.ingress_id, "exits": dict(ROUTING_EXITS)}
+        routing = {"ingress": self.ingress_id, "exits": dict(ROUTING_EXITS), "listed": sorted(LISTED)}
         return {"pressure": pressure, "replicas": replicas, "routing": routing}
 
     @_route("post", "/v1/rag", responses={**event_stream_or_json("The answer: SSE events (context, token, final), or JSON."),

@@ -50,6 +50,7 @@ class RagResult:
     last_event_id: str | None = None  # of the last answer event received: where a resume starts
     resumed: int = 0                  # reconnects made with Last-Event-ID
     ingresses: list[str] = field(default_factory=list)  # ingress replica of each response, in order
+    session_id: str | None = None     # from the first event id (ids start with the session's)
 
     @property
     def ok(self) -> bool:
@@ -120,7 +121,7 @@ async def _read(http: httpx.AsyncClient, url: str, body: dict, headers: dict | N
                 result.error = error_reason(response)
                 return response.status_code >= 500
             async for name, data, event_id in sse_events(response):
-                apply_event(result, name, data)
+                apply_event(result, name, data, event_id)
                 if event_id and name in ANSWER_EVENTS:  # context events' ids cannot be resumed from
                     result.last_event_id = event_id
     except httpx.HTTPError as e:
@@ -132,8 +133,10 @@ async def _read(http: httpx.AsyncClient, url: str, body: dict, headers: dict | N
     return False
 
 
-def apply_event(result: RagResult, name: str, data: dict) -> None:
+def apply_event(result: RagResult, name: str, data: dict, event_id: str | None = None) -> None:
     now = time.monotonic()
+    if event_id and result.session_id is None:
+        result.session_id = event_id.split(".", 1)[0]
     if name == "context":
         result.contexts += 1
     elif name == "context_skipped":

@@ -50,7 +50,9 @@ class AffinityRouter(RequestRouter):
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         before = {replica_id.unique_id for replica_id in self.curr_replicas}
         super().update_replicas(replicas)
-        routing_exits.note(before - {r.replica_id.unique_id for r in replicas})
+        now = {r.replica_id.unique_id for r in replicas}
+        routing_exits.note(before - now)
+        routing_exits.listed(now)
 
     def on_replica_actor_died(self, replica_id) -> None:
         super().on_replica_actor_died(replica_id)

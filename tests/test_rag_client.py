@@ -70,6 +70,7 @@ async def test_a_stream_cut_before_any_answer_event_is_not_resumed():
     result = await _ask([(200, sse("context", {"source_id": "d"}, "s.c1"), True, "a")], seen)
     assert not result.ok and result.resumed == 0 and len(seen) == 1
     assert result.last_event_id is None and result.error.startswith("RemoteProtocolError")
+    assert result.session_id == "s"  # known from the context event's id (leak reports name it)
 
 
 async def test_an_error_event_after_answer_events_is_the_answer_not_a_cut():
