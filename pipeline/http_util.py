@@ -57,6 +57,22 @@ def http_exception_response(request: Request, exc) -> JSONResponse:
     return plain_error(request.url.path, exc.status_code, kind, str(exc.detail), getattr(exc, "headers", None))
 
 
+class ClosingStreamingResponse(StreamingResponse):
+    """A streaming response that closes its body generator when the call ends, a cut client included.
+
+    Starlette abandons the body generator when the client disconnects (the send is cancelled where
+    it waits), and Python closes an abandoned async generator only when it is garbage collected:
+    with the reference cycles of a cancellation's traceback that can take minutes, and until then
+    the generators' clean-up (aborting the session, releasing its admission) does not run.
+    """
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
 def event_stream(events) -> StreamingResponse:
     """SSE response of (event, data[, id]) items; errors after the stream started become an
     `error` event."""
@@ -70,7 +86,7 @@ def event_stream(events) -> StreamingResponse:
         finally:
             await events.aclose()
 
-    return StreamingResponse(body(), media_type="text/event-stream",
+    return ClosingStreamingResponse(body(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

@@ -13,10 +13,10 @@ import json
 import time
 import uuid
 
-from fastapi.responses import StreamingResponse
 
 from pipeline.answers import AnswerEnd
 from pipeline.errors import AdmissionRejected, ModelNotFound, openai_error
+from pipeline.http_util import ClosingStreamingResponse
 from pipeline.schemas import ChatCompletionRequest, CompletionRequest
 
 CHARS_PER_TOKEN = 3  # admission estimate of a prompt's tokens (the ingress has no tokenizer)
@@ -72,8 +72,8 @@ async def _respond(ing, body, prompt: str | dict, max_tokens: int, kind: str, ch
         ing.client.central.release(request_id)  # posted: rides the process's next batch
 
     if body.stream:
-        return StreamingResponse(_chunks(ing, stream, head, kind, choice, release),
-                                 media_type="text/event-stream")
+        return ClosingStreamingResponse(_chunks(ing, stream, head, kind, choice, release),
+                                        media_type="text/event-stream")
     try:
         text, reason, stats = "", None, {}
         async for item in stream:
