@@ -117,7 +117,7 @@ class SchedulerSettings(_Section):
     max_sessions: int = Field(200_000, gt=0, description="Placements the central actor holds at most.")
     request_lease_s: float = Field(600.0, gt=0, description=(
         "A one-shot request's admission expires after this unless released first."))
-    admission_slots: int = Field(128, ge=0, description=(
+    admission_slots: int = Field(1024, ge=0, description=(
         "Admissions decided ahead that each ingress process may hold per source type (it holds about as "
         "many as it admitted in the last half slot lease), handed out without a call to the central "
         "actor; granted only while nobody is queued, at most half of a replica's free room. 0 = every "
