@@ -11,6 +11,7 @@ KV is freed at once; an answer that loses its reader keeps running on its replic
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -63,12 +64,13 @@ def parse_event_id(event_id: str) -> tuple[str, str, int] | None:
 
 async def answer_events(ctx: FlowContext, session: SessionLog, question: str, sampling: dict, endpoint: str):
     """Yield ("token", delta, id) ... ("final", summary, id); the session is finished either way."""
-    finished = False
+    finished = answering = False
     try:
         async with session.lock:
             session.touch()
             stats: dict = {}
             async for event in token_events(ctx.client.finish(session, question, sampling), stats, session):
+                answering = True
                 yield event
             finished = True
         ctx.metrics.observe_final(endpoint, stats)
@@ -78,6 +80,13 @@ async def answer_events(ctx: FlowContext, session: SessionLog, question: str, sa
             session.session_id, session.replica_id, stats.get("output_tokens") or 0)
     except Exception:  # not a lost reader (that is a cancellation): nobody resumes this answer
         await cleanup(_abort(ctx, session))
+        raise
+    except asyncio.CancelledError:
+        # The reader left. Once an answer event reached it, the replica keeps the answer for a
+        # reconnect (resume grace); before that, nobody can resume, and the finish call may not
+        # even have reached the replica, which would hold the session until its idle TTL.
+        if not answering:
+            await cleanup(_abort(ctx, session))
         raise
     finally:
         if not finished:  # its replica ends the answer (done, or no reader within the grace period)

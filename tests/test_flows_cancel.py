@@ -1,0 +1,60 @@
+"""A reader that leaves before the first answer event: the session is aborted on its replica (the
+finish call may never have reached it, and nobody can resume an answer they have no event id of);
+one that leaves after it: the answer stays for a reconnect. Stand-in engine client (the logic above
+it), real metrics."""
+
+import asyncio
+
+from pipeline.answers import AnswerPiece
+from pipeline.flows import FlowContext, answer_events
+from pipeline.metrics import PipelineMetrics
+from pipeline.sessions import SessionLog
+
+
+class _Client:
+    def __init__(self, tokens_before_stall: int):
+        self.tokens, self.aborted, self.released = tokens_before_stall, [], []
+
+    async def finish(self, session, question, sampling):
+        for i in range(self.tokens):
+            yield AnswerPiece(text=f"t{i}", token_ids=[i], finish_reason=None, tokens=i + 1)
+        await asyncio.Event().wait()  # the replica has not answered (yet)
+
+    async def abort(self, session):
+        self.aborted.append(session.session_id)
+        return True
+
+    def release(self, session, context_tokens):
+        self.released.append(session.session_id)
+
+
+def _leave_after(events_read: int, tokens_before_stall: int):
+    async def scenario():
+        client = _Client(tokens_before_stall)
+        ctx = FlowContext(client, None, PipelineMetrics(), None, None, 100)
+        session = SessionLog("s1", "client", "r1")
+        events = answer_events(ctx, session, "q?", {}, "rag")
+
+        async def read():
+            for _ in range(events_read):
+                await events.__anext__()
+            await events.__anext__()  # waits for an answer event that does not come
+
+        reader = asyncio.create_task(read())
+        await asyncio.sleep(0.05)
+        reader.cancel()  # the client left: its request is cancelled
+        await asyncio.gather(reader, return_exceptions=True)
+        await asyncio.sleep(0.05)  # the abort runs detached from the cancelled request
+        return client
+
+    return asyncio.run(scenario())
+
+
+def test_a_reader_gone_before_the_first_answer_event_aborts_the_session():
+    client = _leave_after(events_read=0, tokens_before_stall=0)
+    assert client.aborted == ["s1"] and client.released == ["s1"]
+
+
+def test_a_reader_gone_after_an_answer_event_leaves_the_answer_for_a_reconnect():
+    client = _leave_after(events_read=1, tokens_before_stall=1)
+    assert client.aborted == [] and client.released == ["s1"]
