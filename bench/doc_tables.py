@@ -233,9 +233,9 @@ def reliability(data: dict) -> str:
         f"drained by the idle-session TTL: {num(after_ttl.get('drained'))})")
     left = kill.get("left_routers_s")
     if left:
-        routing += ("; out of each ingress's router after " + ", ".join(
-            seconds(v) if isinstance(v, (int, float)) else v if v else "**still listed after 30 s**"
-            for v in left.values()) + f" ({len(left)} ingress replica(s))")
+        routing += ("; the ingress routers (" + str(len(left)) + ") let go of it after: " + ", ".join(
+            seconds(v) if isinstance(v, (int, float)) else f"{v} it" if v else "**still listed after 30 s**"
+            for v in left.values()))
     text += (f"\n\nReplica kill: {'at ' + num(kill.get('at_s')) + ' s' if kill.get('killed') else 'not done'}"
              f"{routing}; drained: {drained}; latency p50 {seconds(data['latency_s']['p50'])}, "
              f"p95 {seconds(data['latency_s']['p95'])}.")
