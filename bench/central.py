@@ -6,8 +6,8 @@
 refreshes 20,000 session sizes per second), 20,000 sessions stay open, and load generators (Ray
 actors in their own processes) admit a new session and release it again, through
 `CentralClient` as the ingress has it (batched calls, `--slots` admission slots; the release is
-posted and rides the next batch, ahead of that batch's admissions). Two loads, each `--repeats` runs, figures the median (spread
-recorded):
+posted and rides the next batch, ahead of that batch's admissions). Two loads, each `--repeats`
+runs, figures the median (spread recorded):
 - capacity, `admits_per_s`: a closed loop, a fixed number of callers each admitting again as soon
   as it is answered. It saturates the actor, so its latency is set by the number of callers (Little's
   law: callers / throughput), not by the actor; it is kept as `saturated`.

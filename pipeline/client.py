@@ -56,18 +56,12 @@ class EngineClient:
         except BaseException:
             # A caller cut off (client disconnect) does not undo an open that reached the replica:
             # close it there too, or it holds its slot and KV until the replica's idle TTL.
-            cleanup(self._abort_unopened(session_id, replica_id))
+            cleanup(self.abort_quietly(SessionLog(session_id, source_type, replica_id)))
             raise
         if info["replica_id"] != replica_id:  # routed elsewhere: its holder's next report adopts it
             log.warning("session %s opened on %s, not on %s", session_id, info["replica_id"], replica_id)
             self._central.release(session_id)
         return SessionLog(session_id, source_type, info["replica_id"], info["node_id"], owner=owner)
-
-    async def _abort_unopened(self, session_id: str, replica_id: str) -> None:
-        try:
-            await self.abort(SessionLog(session_id, "", replica_id))
-        except Exception as e:  # best effort: the replica's idle TTL frees it otherwise
-            log.warning("abort of session %s after a failed open failed: %r", session_id, e)
 
     async def add(self, session: SessionLog, op: ContextOp, text: str) -> int:
         """Append or replace context; the op is logged only once the replica accepted it."""
@@ -179,6 +173,14 @@ class EngineClient:
             return False
         finally:
             self._central.release(session.session_id)
+
+    async def abort_quietly(self, session: SessionLog) -> None:
+        """`abort`, best effort (clean-up paths): a failure is logged, the replica's idle TTL frees it."""
+        try:
+            await self.abort(session)
+        except Exception as e:
+            log.warning("abort of session %s on %s failed (its replica's idle TTL frees it): %r",
+                        session.session_id, session.replica_id, e)
 
     def release(self, session: SessionLog, context_tokens: int | None) -> None:
         """Post the session's release to the central scheduler (returns at once)."""

@@ -12,7 +12,6 @@ KV is freed at once; an answer that loses its reader keeps running on its replic
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
     from pipeline.retriever_actors import RetrieverActors
     from pipeline.session_store import SessionStore
 
-log = logging.getLogger("stream2llm.ingress")
 
 INLINE_SOURCES = ("documents", "corpus")  # built in the ingress (client-side retrieval)
 
@@ -79,14 +77,14 @@ async def answer_events(ctx: FlowContext, session: SessionLog, question: str, sa
         yield "final", final_event(session, stats), answer_event_id(
             session.session_id, session.replica_id, stats.get("output_tokens") or 0)
     except Exception:  # not a lost reader (that is a cancellation): nobody resumes this answer
-        await cleanup(_abort(ctx, session))
+        await cleanup(ctx.client.abort_quietly(session))
         raise
     except asyncio.CancelledError:
         # The reader left. Once an answer event reached it, the replica keeps the answer for a
         # reconnect (resume grace); before that, nobody can resume, and the finish call may not
         # even have reached the replica, which would hold the session until its idle TTL.
         if not answering:
-            await cleanup(_abort(ctx, session))
+            await cleanup(ctx.client.abort_quietly(session))
         raise
     finally:
         if not finished:  # its replica ends the answer (done, or no reader within the grace period)
@@ -115,13 +113,6 @@ async def resume_events(ctx: FlowContext, session_id: str, replica_id: str, afte
     yield "final", {**final_event(session, stats), "resumed": True}, answer_event_id(
         session_id, replica_id, stats.get("output_tokens") or 0)
 
-
-async def _abort(ctx: FlowContext, session: SessionLog) -> None:
-    try:
-        await ctx.client.abort(session)
-    except Exception as e:  # best effort: the replica's TTL sweep frees it otherwise
-        log.warning("abort of session %s on %s failed (its replica's idle TTL frees it): %r",
-                    session.session_id, session.replica_id, e)
 
 
 def final_event(session: SessionLog, stats: dict) -> dict:
@@ -160,7 +151,7 @@ async def rag_events(ctx: FlowContext, request):
             yield name, data, event_id
     finally:
         if not handed_over:
-            await cleanup(_abort(ctx, session))
+            await cleanup(ctx.client.abort_quietly(session))
 
 
 async def _context(ctx: FlowContext, session: SessionLog, request):

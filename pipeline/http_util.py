@@ -87,7 +87,7 @@ def event_stream(events) -> StreamingResponse:
             await events.aclose()
 
     return ClosingStreamingResponse(body(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def first_then_rest(events):

@@ -31,10 +31,10 @@ from pipeline.flows import FlowContext, answer_events, parse_event_id, rag_event
 from pipeline.http_util import (LimitsMiddleware, error_response, event_stream, first_then_rest,
                                 http_exception_response, validation_response)
 from pipeline.metrics import PipelineMetrics
-from pipeline.routing_exits import LISTED, ROUTING_EXITS
 from pipeline.oneshot import oneshot_rag_events
 from pipeline.prompt import fetch_template
 from pipeline.retriever_actors import RetrieverActors
+from pipeline.routing_exits import LISTED, ROUTING_EXITS
 from pipeline.schemas import (BODY_ERRORS, HEALTH_RESPONSES, ChatCompletionRequest, ChunkBody, CompletionRequest,
                               FinishBody, OpenStream, RagRequest, ReplaceBody, error_responses, event_stream_or_json,
                               text_response)

@@ -43,7 +43,7 @@ class PipelineMetrics:
             REPLICA_CONTEXT_CHUNKS, "Retrieved pieces the replicas pulled from retriever "
             "actors themselves (one Ray hop each; the ingress got a summary)", registry=r)
         self.queued = Gauge("stream2llm_admission_queue", "Sessions waiting for admission", registry=r)
-        self.admission_calls = Gauge(
+        self.admissions = Gauge(
             "stream2llm_admissions", "Admissions by this ingress replica so far, by how they were decided "
             "(`slot`: an admission slot held here, no actor call; `actor`: a call to the central actor)",
             ["path"], registry=r)
@@ -57,8 +57,8 @@ class PipelineMetrics:
         self.invalidated.inc(stats.get("tokens_invalidated", 0) or 0)
 
     def count_admissions(self, from_slots: int, through_actor: int) -> None:
-        self.admission_calls.labels("slot").set(from_slots)
-        self.admission_calls.labels("actor").set(through_actor)
+        self.admissions.labels("slot").set(from_slots)
+        self.admissions.labels("actor").set(through_actor)
 
     def refresh(self, replicas: dict, pressure: dict) -> None:
         for name in ("kv_used", "kv_total", "kv_usage", "sessions", "preemptions"):

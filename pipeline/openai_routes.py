@@ -13,7 +13,6 @@ import json
 import time
 import uuid
 
-
 from pipeline.answers import AnswerEnd
 from pipeline.errors import AdmissionRejected, ModelNotFound, openai_error
 from pipeline.http_util import ClosingStreamingResponse

@@ -46,16 +46,16 @@ def test_an_open_cut_short_after_the_replica_opened_is_aborted_there():
         replica, central = _Replica(), _Central()
         client = EngineClient(replica, central, admission_timeout_s=1.0, context_limit=100)
         opening = asyncio.create_task(client.open("client"))
-        while not replica.open_sessions:
+        deadline = asyncio.get_running_loop().time() + 30
+        while not replica.open_sessions and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.01)
         opening.cancel()  # the client went away while the open's answer was on its way
         try:
             await opening
         except asyncio.CancelledError:
             pass
-        for _ in range(100):  # the clean-up runs detached from the cancelled request
-            if replica.aborted and central.released:
-                break
+        deadline = asyncio.get_running_loop().time() + 30  # the clean-up runs detached
+        while not (replica.aborted and central.released) and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.01)
         return replica, central
 

@@ -14,13 +14,15 @@ from pipeline.sessions import SessionLog
 class _Client:
     def __init__(self, tokens_before_stall: int):
         self.tokens, self.aborted, self.released = tokens_before_stall, [], []
+        self.stalled = asyncio.Event()
 
     async def finish(self, session, question, sampling):
         for i in range(self.tokens):
             yield AnswerPiece(text=f"t{i}", token_ids=[i], finish_reason=None, tokens=i + 1)
+        self.stalled.set()
         await asyncio.Event().wait()  # the replica has not answered (yet)
 
-    async def abort(self, session):
+    async def abort_quietly(self, session):
         self.aborted.append(session.session_id)
         return True
 
@@ -41,10 +43,9 @@ def _leave_after(events_read: int, tokens_before_stall: int):
             await events.__anext__()  # waits for an answer event that does not come
 
         reader = asyncio.create_task(read())
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(client.stalled.wait(), timeout=30)  # the reader waits on the answer
         reader.cancel()  # the client left: its request is cancelled
-        await asyncio.gather(reader, return_exceptions=True)
-        await asyncio.sleep(0.05)  # the abort runs detached from the cancelled request
+        await asyncio.gather(reader, return_exceptions=True)  # it awaited its (detached) clean-up
         return client
 
     return asyncio.run(scenario())
