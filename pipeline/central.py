@@ -211,6 +211,14 @@ def head_node_id() -> str | None:
     return None
 
 
+def on_head_node():
+    """The scheduling strategy of the actors whose state must outlive any worker node (the central
+    scheduler, the session records). Hard affinity: a soft one let Ray place them on a worker node
+    (seen in the node-removal drill, which then lost its session's record)."""
+    head = head_node_id()
+    return NodeAffinitySchedulingStrategy(head, soft=False) if head else "DEFAULT"
+
+
 def get_or_create_scheduler(config):
     """The one central actor on the head node, created by whoever asks first (ingress or replica).
 
@@ -222,11 +230,9 @@ def get_or_create_scheduler(config):
     settings = central_settings(config)
     s = config.scheduler
     _internal_kv_put(_kv_key(s.actor_name), json.dumps(settings).encode(), overwrite=True, namespace=NAMESPACE)
-    head = head_node_id()
-    strategy = NodeAffinitySchedulingStrategy(head, soft=False) if head else "DEFAULT"
     handle = CentralScheduler.options(
         name=s.actor_name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-        num_cpus=config.replicas.scheduler_num_cpus, scheduling_strategy=strategy,
+        num_cpus=config.replicas.scheduler_num_cpus, scheduling_strategy=on_head_node(),
     ).remote(settings["priors"], settings["max_queue"], settings["stale_after_s"], settings["reserve_frac"])
     handle.configure.remote(settings)
     return handle

@@ -17,9 +17,8 @@ import hashlib
 import time
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from pipeline.central import NAMESPACE, head_node_id
+from pipeline.central import NAMESPACE, on_head_node
 from pipeline.errors import SessionConflict, SessionGone
 from pipeline.sessions import SessionLog
 from stream2llm.data.traces import ContextOp
@@ -118,9 +117,7 @@ class SessionStore:
     """The ingress's view of the shards: async calls, `SessionLog`s in and out."""
 
     def __init__(self, config):
-        settings = config.ingress
-        head = head_node_id()
-        strategy = NodeAffinitySchedulingStrategy(head, soft=True) if head else "DEFAULT"
+        settings, strategy = config.ingress, on_head_node()
         self._shards = [
             SessionShard.options(name=f"{config.scheduler.actor_name}_sessions_{i}", namespace=NAMESPACE,
                                  lifetime="detached", get_if_exists=True, num_cpus=0,

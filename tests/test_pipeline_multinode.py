@@ -46,6 +46,9 @@ def test_replicas_on_different_worker_nodes_and_scheduler_on_head(multinode):
 
     ingress = [a for a in actors().values() if a["State"] == "ALIVE" and a["ActorClassName"].endswith(":Ingress")]
     assert ingress and {a["Address"]["NodeID"] for a in ingress} == {cluster.head_node.node_id}
+    # the session records too: a worker node's removal must not take them along
+    shards = [a for a in actors().values() if a["State"] == "ALIVE" and a["ActorClassName"].endswith("SessionShard")]
+    assert shards and {a["Address"]["NodeID"] for a in shards} == {cluster.head_node.node_id}, shards
 
 
 def test_session_stream_crosses_nodes(multinode):
