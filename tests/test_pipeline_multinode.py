@@ -1,6 +1,7 @@
 """Multi-node on one machine (`ray.cluster_utils.Cluster`), cluster.yaml validation, bearer auth.
 
-Head node: Serve controller, HTTP proxy, ingress and the central scheduler actor (0 CPUs).
+Head node: Serve controller, HTTP proxy, ingress, the central scheduler actor and the session
+records' shards (0 CPUs).
 Two worker nodes advertise the custom resource `engine_node`; each replica asks for one, so the
 two replicas land on different nodes and every session's chunks cross nodes (ingress -> replica).
 The last test removes a worker node (its replica dies with it), so the file keeps its order in
