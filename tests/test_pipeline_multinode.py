@@ -4,10 +4,12 @@ Head node: Serve controller, HTTP proxy, ingress, the central scheduler actor an
 records' shards (0 CPUs).
 Two worker nodes advertise the custom resource `engine_node`; each replica asks for one, so the
 two replicas land on different nodes and every session's chunks cross nodes (ingress -> replica).
-The last test removes a worker node (its replica dies with it), so the file keeps its order in
-random-order runs.
+The last two tests remove a worker node each (its replica dies with it; the last one adds a node
+first), so the file keeps its order in random-order runs.
 """
 
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -15,7 +17,7 @@ import pytest
 import ray
 import yaml
 
-from pipeline_fixtures import REPO, parse_sse, serve_app, tiny_config
+from pipeline_fixtures import REPO, parse_sse, serve_app, tiny_config, wait_until
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.random_order(disabled=True)]
 TOKEN = "s3cret-token"
@@ -143,3 +145,65 @@ def test_worker_node_removed_mid_session_the_session_answers_on_the_other_node(m
     assert name == "final", events
     survivor = next(w for w in worker_ids if w != node)
     assert final["node_id"] == survivor and final["recovered"] is True and final["chunks"] == 2
+
+
+def test_worker_node_removed_under_load_every_session_is_answered_or_rejected(multinode):
+    """A fresh worker node joins (Serve places the missing replica there), sessions spread over both
+    nodes, and the node holding the most of them is removed while their answers stream: every
+    session is answered (where it was, or recovered on the other node) or rejected with 429, none is
+    lost, and no session or KV block is left behind."""
+    base, cluster, _ = multinode
+    joined = cluster.add_node(num_cpus=1, resources={"engine_node": 1})
+    nodes = {n.node_id for n in cluster.worker_nodes}
+    wait_until(lambda: {r["node_id"] for r in _view(base)["replicas"].values()} == nodes, timeout=300)
+    assert joined.node_id in nodes
+    baseline_kv = sum(r["kv_blocks_used"] for r in _view(base)["replicas"].values())
+    opened = []
+    with httpx.Client(base_url=base, headers=AUTH, timeout=60) as c:
+        for i in range(6):
+            r = c.post("/v1/streams", json={})
+            assert r.status_code in (201, 429), r.text
+            if r.status_code == 201:
+                sid, node = r.json()["session_id"], r.json()["node_id"]
+                for k in range(2):
+                    assert c.post(f"/v1/streams/{sid}/chunks", json={"text": f"s{i} fact {k}: " + "gamma " * 30}
+                                  ).status_code == 200
+                opened.append((sid, node))
+    assert opened
+    victim = max(nodes, key=lambda n: sum(node == n for _, node in opened))
+    outcomes: dict[str, tuple] = {}
+    threads = [threading.Thread(target=_finish, args=(base, sid, outcomes)) for sid, _ in opened]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)  # answers under way (or some done): either is fine, the outcomes must hold
+    cluster.remove_node(next(n for n in cluster.worker_nodes if n.node_id == victim))
+    for t in threads:
+        t.join(timeout=300)
+    assert len(outcomes) == len(opened), outcomes
+    for sid, node in opened:
+        kind, final = outcomes[sid]
+        assert kind in ("answered", 429), (sid, node, outcomes[sid])
+        if kind == "answered":
+            assert final["chunks"] == 2 and final["output_tokens"] >= 1, final
+            assert final["node_id"] == node or final["recovered"] is True, final
+    assert sum(kind == "answered" for kind, _ in outcomes.values()) >= sum(node != victim for _, node in opened)
+    print("node removed under load:", {"on_victim": sum(node == victim for _, node in opened), "sessions": len(opened),
+          "recovered": sum(kind == "answered" and f["recovered"] for kind, f in outcomes.values()),
+          "outcomes": [kind for kind, _ in outcomes.values()]})
+    wait_until(lambda: _view(base)["pressure"]["sessions"] == 0, timeout=60)
+    wait_until(lambda: sum(r["kv_blocks_used"] for r in _view(base)["replicas"].values()) <= baseline_kv,
+               timeout=60)
+
+
+def _view(base: str) -> dict:
+    return httpx.get(f"{base}/v1/cluster", headers=AUTH, timeout=10).json()
+
+
+def _finish(base: str, sid: str, outcomes: dict) -> None:
+    r = httpx.post(f"{base}/v1/streams/{sid}/finish", headers=AUTH, timeout=180,
+                   json={"question": "q?", "sampling": {"max_tokens": 48, "temperature": 0.0}})
+    events = parse_sse(r.text) if r.status_code == 200 else []
+    if events and events[-1][0] == "final":
+        outcomes[sid] = ("answered", events[-1][1])
+    else:
+        outcomes[sid] = (r.status_code, r.text[-400:])
