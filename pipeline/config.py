@@ -131,7 +131,8 @@ class IngressSettings(_Section):
         "HTTP ingress replicas. Any replica serves any session (session records live in shard actors, "
         "answers on the engine replicas), so more replicas add throughput and survive an ingress death."))
     session_shards: int = Field(4, ge=1, description=(
-        "Actors holding streaming-input session records; a session's shard is a hash of its id."))
+        "Actors holding streaming-input session records; a session's shard is a hash of its id, so "
+        "changing this on a redeploy makes the sessions open at the time unknown (404)."))
 
 
 class AuthSettings(_Section):

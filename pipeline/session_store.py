@@ -46,6 +46,11 @@ class SessionShard:
         self._records[record["session_id"]] = record
         self._touched[record["session_id"]] = time.monotonic()
 
+    def configure(self, ttl_s: float) -> None:
+        """The idle TTL of the deployment now running: a detached shard outlives the deployment
+        that created it, and keeps its constructor's arguments across redeploys."""
+        self._ttl_s = ttl_s
+
     def get(self, session_id: str, claim_seq: int | None = None) -> dict:
         """The record (ops included); `{"finished": true}` once it was finished; `{}` if unknown.
 
@@ -123,6 +128,8 @@ class SessionStore:
                                  lifetime="detached", get_if_exists=True, num_cpus=0,
                                  scheduling_strategy=strategy).remote(config.limits.session_ttl_s)
             for i in range(settings.session_shards)]
+        for shard in self._shards:  # a redeploy's TTL reaches shards that already existed
+            shard.configure.remote(config.limits.session_ttl_s)
         self.max_chunks = config.limits.max_chunks_per_session
 
     def _shard(self, session_id: str):

@@ -186,6 +186,35 @@ class _FailingBatches:
         return self._fail(releases, asks)
 
 
+def test_session_shards_take_a_redeploys_ttl(local_ray, central_name):
+    """The detached shards outlive the deployment that made them: a redeploy's shorter idle TTL
+    still applies to them (without `configure` they kept the first one, 300 s here)."""
+    from pipeline.errors import SessionGone
+    from pipeline.session_store import SessionStore
+    from pipeline.sessions import SessionLog
+
+    def store(ttl_s: float) -> SessionStore:
+        return SessionStore(AppConfig.model_validate({"limits": {"session_ttl_s": ttl_s},
+                                                      "scheduler": {"actor_name": central_name},
+                                                      "ingress": {"session_shards": 1}}))
+
+    async def scenario():
+        first = store(300.0)
+        await first.add(SessionLog("s1", "client", "r1"))
+        assert (await first.get("s1", for_change=False))[0].replica_id == "r1"
+        store(0.5)  # the redeploy: the same named shard, a shorter TTL
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                await first.get("s1", for_change=False)
+            except SessionGone:
+                return True
+            await asyncio.sleep(0.2)
+        return False
+
+    assert asyncio.run(scenario()), "the record outlived the redeploy's TTL"
+
+
 def test_posted_release_does_not_wait_and_a_failed_batch_fails_only_its_admissions(caplog):
     """A release returns before the actor has it; when its batch fails it is logged (reconciliation
     drops the placement), while an admission in the same batch gets the error."""
