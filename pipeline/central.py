@@ -129,7 +129,8 @@ class CentralScheduler:
         holds `admit`'s arguments but `timeout_s`, and its decision is {"replica_id"}, or None when
         it could not be placed at once (the caller then waits with `admit`); `want`: slots asked
         per source type for `holder`. Returns {"decisions", "slots": {type: [[slot, replica]]},
-        "slot_s", "closed": replicas whose slots must not be used any more}.
+        "slot_s", "closed": replicas whose slots must not be used any more, "queued": whether
+        sessions wait in the queue (holders then give their slots back: none jumps the queue)}.
         See `pipeline.central_client.CentralClient`.
         """
         now = time.monotonic()
@@ -147,7 +148,7 @@ class CentralScheduler:
         slots = {source: self._ctl.grant_slots(holder, source, count, now, self._slot_s)
                  for source, count in (want or {}).items()}
         return {"decisions": decisions, "slots": slots, "slot_s": self._slot_s,
-                "closed": self._recently_closed(now)}
+                "closed": self._recently_closed(now), "queued": bool(self._ctl.queued())}
 
     def _recently_closed(self, now: float) -> list[str]:
         """Replicas that began draining or died within a slot lease: holders drop their slots there."""

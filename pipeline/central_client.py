@@ -14,9 +14,11 @@ locally and returns at once; the binding (which session took it) is posted and r
 batch. Each batch tops up the stock of every type admitted since the previous batch went, to as
 many as were admitted in the last slot-use window (at most `slots`): an admission finds one ready
 while the load keeps up, the headroom held ahead follows the rate, and a type nobody admits gets
-none. Slots on a replica that began draining or died are dropped with the next reply. A slot is
-used only within half of its lease, counted from when it was asked for, so its binding reaches the
-actor in time (a late one still places the session where it went).
+none. Slots on a replica that began draining or died are dropped with the next reply, and every
+slot goes back when a reply says sessions wait in the actor's queue (a slot would let a new session
+pass them, recoveries included). A slot is used only within half of its lease, counted from when it
+was asked for, so its binding reaches the actor in time (a late one still places the session where
+it went).
 
 A release is posted, not awaited: the caller (a request ending) goes on at once and the release
 rides the next batch. A release lost with a failed batch is not retried: the actor drops a
@@ -103,11 +105,11 @@ class CentralClient:
         for source_type, held in self._slots.items():
             self._slots[source_type] = deque(slot for slot in held if slot[1] != replica_id)
 
-    def _drop_stale_slots(self) -> None:
-        """Slots too old to trust give their room back (with the next batch)."""
+    def _drop_stale_slots(self, every: bool = False) -> None:
+        """Slots too old to trust (or `every` one) give their room back (with the next batch)."""
         now = time.monotonic()
         for held in self._slots.values():
-            while held and held[0][2] < now:
+            while held and (every or held[0][2] < now):
                 self._releases.append((held.popleft()[0], None))
 
     def _want(self) -> dict[str, int]:
@@ -159,6 +161,8 @@ class CentralClient:
                         future.set_exception(e)
                 continue
             self._keep_slots(reply["slots"], reply["slot_s"], sent_at)
+            if reply.get("queued"):
+                self._drop_stale_slots(every=True)
             for replica_id in reply["closed"]:
                 self.replica_died(replica_id)
             for (_, future), decision in zip(admits, reply["decisions"]):

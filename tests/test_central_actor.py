@@ -171,6 +171,39 @@ def test_admissions_from_slots_skip_the_actor_and_are_placed_there_afterwards(ce
     assert held_after_drain == 0 and "rejected" in after_drain
 
 
+def test_slots_go_back_when_a_session_waits_in_the_queue(local_ray, central_name):
+    """A slot would let a new session pass one waiting in the actor's queue: the first reply that
+    says somebody waits makes the client give its slots back, and the next admission queues too."""
+    from pipeline.central_client import CentralClient
+
+    handle = get_or_create_scheduler(AppConfig.model_validate({
+        "limits": {"max_queue": 4, "admission_timeout_s": 1.0},
+        "scheduler": {"actor_name": central_name, "demand_priors": {"client": 160}}}))
+    ray.get(handle.report.remote({**report("q1"), "kv_blocks_total": 1000}))
+
+    async def scenario():
+        client = CentralClient(handle, slots=4)
+        await asyncio.gather(*(client.admit(f"w{i}", "client", 5.0) for i in range(4)))
+        await client.flush()
+        held_before = sum(len(h) for h in client._slots.values())
+        await handle.report.remote({**report("q1"), "kv_blocks_total": 1000, "kv_blocks_used": 1000})
+        waiting = asyncio.ensure_future(handle.admit.remote("waits", "client", 3.0))
+        await asyncio.sleep(0.3)  # it is in the queue now (no room)
+        client.release("w0")  # any batch brings a reply that says so
+        await client.flush()
+        held_after, from_slots = sum(len(h) for h in client._slots.values()), client.from_slots
+        late = await client.admit("late", "client", 0.5)
+        return held_before, held_after, client.from_slots - from_slots, late, await waiting
+
+    try:
+        held_before, held_after, taken, late, waited = asyncio.run(scenario())
+    finally:
+        ray.kill(handle, no_restart=True)
+    assert held_before > 0 and held_after == 0
+    assert taken == 0 and "rejected" in late  # queued behind "waits", not placed from a slot
+    assert "rejected" in waited or waited == {"replica_id": "q1"}
+
+
 class _FailingBatches:
     """A handle whose batch call fails (the actor died mid-call); records what it was sent."""
 
