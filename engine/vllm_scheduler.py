@@ -123,7 +123,10 @@ class PolicySchedulerMixin:
         proportion to the requests that changed, not to the open sessions.
         """
         book = self.book
-        book.refresh()
+        # Parked (idle) sessions are in no queue this step: only the planner reads them, and
+        # `book.ordered()` re-reads everything first. A session parked after its turn is thus read
+        # once per chunk, not twice.
+        book.refresh(skip=self.parked)
         with_work = len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)
         if not with_work:
             return

@@ -25,7 +25,9 @@ session path (`Scheduler._handle_stopped_request`, `_update_request_as_session`)
   of its computed tokens.
 
 Only requests that changed since the last step are re-read and re-keyed (`mark`), so a step costs
-in proportion to what changed, not to the number of open sessions.
+in proportion to what changed, not to the number of open sessions. A changed session that is
+parked (idle, in no vLLM queue) is put aside unread until the planner runs or its next chunk comes,
+so a turn costs one re-read, not two (`refresh(skip=...)`).
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ class ViewBook:
         self._seq = itertools.count()
         self._admissions = itertools.count()
         self._dirty: dict[str, object] = {}
+        self._put_aside: dict[str, object] = {}  # changed, not read yet: see `refresh(skip=...)`
         self._by_client_id: dict[str, str] = {}  # id the front end gave -> vLLM's internal id
 
     def open(self, request) -> None:
@@ -139,6 +142,7 @@ class ViewBook:
         """The request finished: forget it (no entry outlives its request)."""
         view = self.views.pop(request_id, None)
         self._dirty.pop(request_id, None)
+        self._put_aside.pop(request_id, None)
         if self._by_client_id.get(_client_id(request_id)) == request_id:
             del self._by_client_id[_client_id(request_id)]
         if view is not None:
@@ -149,11 +153,19 @@ class ViewBook:
         self.refresh()
         return self.queue.ordered()
 
-    def refresh(self) -> None:
-        """Re-read the requests that changed since the last call and re-key them."""
+    def refresh(self, skip=None) -> None:
+        """Re-read the requests that changed since the last call and re-key them. Those in `skip`
+        are put aside, unread, until a call without `skip` (or until they are marked again)."""
+        if skip is None and self._put_aside:
+            self._dirty.update(self._put_aside)
+            self._put_aside.clear()
         if self._dirty:
-            views, queue, block_size = self.views, self.queue, self.block_size
+            views, queue, block_size, aside = self.views, self.queue, self.block_size, self._put_aside
             for request_id, request in self._dirty.items():
+                if skip is not None and request_id in skip:
+                    aside[request_id] = request
+                    continue
+                aside.pop(request_id, None)
                 view = views[request_id]
                 fill_view(view, request, block_size)
                 queue.touch(view)
