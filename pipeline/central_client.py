@@ -89,7 +89,7 @@ class CentralClient:
     def _take_slot(self, session_id: str, source_type: str) -> str | None:
         self._admitted.add(source_type)
         self._recent.setdefault(source_type, deque(maxlen=self.max_slots)).append(time.monotonic())
-        self._drop_stale_slots()
+        self._give_back_slots()
         held = self._slots.get(source_type)
         if not held:
             return None
@@ -105,8 +105,8 @@ class CentralClient:
         for source_type, held in self._slots.items():
             self._slots[source_type] = deque(slot for slot in held if slot[1] != replica_id)
 
-    def _drop_stale_slots(self, every: bool = False) -> None:
-        """Slots too old to trust (or `every` one) give their room back (with the next batch)."""
+    def _give_back_slots(self, every: bool = False) -> None:
+        """Give back the slots too old to trust, or `every` one: their room is released with the next batch."""
         now = time.monotonic()
         for held in self._slots.values():
             while held and (every or held[0][2] < now):
@@ -146,7 +146,7 @@ class CentralClient:
             releases, self._releases = self._releases[:self.max_batch], self._releases[self.max_batch:]
             admits, self._admits = self._admits[:self.max_batch], self._admits[self.max_batch:]
             binds, self._binds = self._binds, []
-            self._drop_stale_slots()
+            self._give_back_slots()
             want = self._want() if self.max_slots else {}
             sent_at = time.monotonic()
             try:
@@ -162,7 +162,7 @@ class CentralClient:
                 continue
             self._keep_slots(reply["slots"], reply["slot_s"], sent_at)
             if reply.get("queued"):
-                self._drop_stale_slots(every=True)
+                self._give_back_slots(every=True)
             for replica_id in reply["closed"]:
                 self.replica_died(replica_id)
             for (_, future), decision in zip(admits, reply["decisions"]):
