@@ -181,3 +181,29 @@ def test_a_superseded_request_ranks_last_under_every_policy(policy):
     assert not book.views["s2l-other-9f8e7d6c"].superseded
     book.close("s2l-old-1a2b3c4d")
     assert not book._by_client_id.get("s2l-old")  # no entry outlives its request
+
+
+def test_a_parked_session_is_put_aside_until_a_full_refresh_or_its_next_chunk():
+    """`refresh(skip=...)` leaves the listed requests unread (the plug-in's fast path skips parked
+    sessions); a refresh without `skip` reads them (the planner's), and so does their next chunk."""
+    book = _book("tailguard")
+    request = _request("s", 100, 10.0)
+    book.open(request)
+    book.ordered()
+    view = book.views["s"]
+    _finish_turn(request)  # idle now: vLLM parks it
+    book.mark(request)
+    book.refresh(skip={"s"})
+    assert view.num_tokens_to_compute == 100 and not view.running  # not read yet
+    book.refresh(skip={"s"})  # still aside, and not read twice either
+    book.refresh()  # the planner's call reads what was put aside
+    assert view.num_tokens_to_compute == 0 and view.running and view.idle
+    book.mark(request)  # changed again while parked: put aside again
+    book.refresh(skip={"s"})
+    _next_turn(request, 50, 12.5)  # its next chunk: back in a queue, read at the next step
+    book.chunk(request, 12.5)
+    book.refresh(skip=set())
+    assert view.num_tokens_to_compute == 50 and view.last_chunk_arrival == 12.5
+    assert book.key("s")[1][0] == 2  # TailGuard: resident partial stream with work
+    book.close("s")
+    assert not book._dirty and not book._put_aside
