@@ -123,9 +123,9 @@ class PolicySchedulerMixin:
         proportion to the requests that changed, not to the open sessions.
         """
         book = self.book
-        # Parked (idle) sessions are in no queue this step: only the planner reads them, and
-        # `book.ordered()` re-reads everything first. A session parked after its turn is thus read
-        # once per chunk, not twice.
+        # The fast path sorts only vLLM's queues: parked (idle) sessions are in none, and the
+        # policy's order of all requests is the planner's, whose `book.ordered()` re-reads and
+        # files everything first.
         book.refresh(skip=self.parked)
         with_work = len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)
         if not with_work:

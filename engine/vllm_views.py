@@ -25,9 +25,10 @@ session path (`Scheduler._handle_stopped_request`, `_update_request_as_session`)
   of its computed tokens.
 
 Only requests that changed since the last step are re-read and re-keyed (`mark`), so a step costs
-in proportion to what changed, not to the number of open sessions. A changed session that is
-parked (idle, in no vLLM queue) is put aside unread until the planner runs or its next chunk comes,
-so a turn costs one re-read, not two (`refresh(skip=...)`).
+in proportion to what changed, not to the number of open sessions. Only the planner needs the
+policy's order of all requests; a step that does not consult it (the fast path) re-reads what
+changed without moving it in that order, and puts a changed session that is parked (idle, in no
+vLLM queue) aside unread until the planner runs or its next chunk comes (`refresh(skip=...)`).
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class ViewBook:
         self._admissions = itertools.count()
         self._dirty: dict[str, object] = {}
         self._put_aside: dict[str, object] = {}  # changed, not read yet: see `refresh(skip=...)`
+        self._unfiled: dict[str, RequestView] = {}  # read, not yet moved in the policy's order
         self._by_client_id: dict[str, str] = {}  # id the front end gave -> vLLM's internal id
 
     def open(self, request) -> None:
@@ -143,6 +145,7 @@ class ViewBook:
         view = self.views.pop(request_id, None)
         self._dirty.pop(request_id, None)
         self._put_aside.pop(request_id, None)
+        self._unfiled.pop(request_id, None)
         if self._by_client_id.get(_client_id(request_id)) == request_id:
             del self._by_client_id[_client_id(request_id)]
         if view is not None:
@@ -154,13 +157,18 @@ class ViewBook:
         return self.queue.ordered()
 
     def refresh(self, skip=None) -> None:
-        """Re-read the requests that changed since the last call and re-key them. Those in `skip`
-        are put aside, unread, until a call without `skip` (or until they are marked again)."""
+        """Re-read the requests that changed since the last call.
+
+        Without `skip` (the planner's call) each is also moved to its place in the policy's order.
+        With `skip` (the step's fast path, which only sorts vLLM's queues) those listed are put
+        aside unread, and the others are read but left where they were in the order, `key` giving
+        their key afresh, until the next call without `skip` files them all."""
         if skip is None and self._put_aside:
             self._dirty.update(self._put_aside)
             self._put_aside.clear()
         if self._dirty:
             views, queue, block_size, aside = self.views, self.queue, self.block_size, self._put_aside
+            unfiled = self._unfiled
             for request_id, request in self._dirty.items():
                 if skip is not None and request_id in skip:
                     aside[request_id] = request
@@ -168,12 +176,22 @@ class ViewBook:
                 aside.pop(request_id, None)
                 view = views[request_id]
                 fill_view(view, request, block_size)
-                queue.touch(view)
+                if skip is None:
+                    queue.touch(view)
+                else:
+                    unfiled[request_id] = view
             self._dirty.clear()
+        if skip is None and self._unfiled:
+            for view in self._unfiled.values():
+                self.queue.touch(view)
+            self._unfiled.clear()
 
     def key(self, request_id: str) -> tuple:
         """The policy's current key of a live request (as of the last `refresh()`)."""
-        return self.queue.key_of(self.views[request_id])
+        view = self.views[request_id]
+        if request_id in self._unfiled:
+            return self.queue.key_for(view)
+        return self.queue.key_of(view)
 
     def __len__(self) -> int:
         return len(self.views)

@@ -51,6 +51,10 @@ class PolicyQueue:
             at = bisect_left(self._sorted_keys, old)
             del self._sorted_keys[at], self._sorted_views[at]
 
+    def key_for(self, view: RequestView) -> tuple:
+        """The key `view` would be filed under now (without moving it)."""
+        return self._key_of(view)
+
     def key_of(self, view: RequestView) -> tuple:
         """The key `view` is filed under (as of its last `touch`): (superseded, the policy's key)."""
         return self._keys[view.seq]

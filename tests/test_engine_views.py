@@ -207,3 +207,19 @@ def test_a_parked_session_is_put_aside_until_a_full_refresh_or_its_next_chunk():
     assert book.key("s")[1][0] == 2  # TailGuard: resident partial stream with work
     book.close("s")
     assert not book._dirty and not book._put_aside
+
+
+def test_the_fast_path_keys_are_fresh_and_the_planners_order_catches_up():
+    """`refresh(skip=...)` reads changed requests without moving them in the policy's order: `key`
+    gives their fresh key (vLLM's queues are sorted by it), and `ordered()` (the planner's) files them."""
+    book = _book("tailguard")
+    first, second = _request("a", 100, 10.0), _request("b", 100, 11.0)
+    for request in (first, second):
+        book.open(request)
+    assert [v.request_id for v in book.ordered()] == ["a", "b"]  # both non-resident with work
+    second.num_computed_tokens = 16  # "b" now holds KV: a resident partial stream ranks first
+    book.mark(second)
+    book.refresh(skip=set())
+    assert book.key("b") < book.key("a")
+    assert [v.request_id for v in book.ordered()] == ["b", "a"]
+    assert book.key("b") < book.key("a")
