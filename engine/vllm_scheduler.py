@@ -126,7 +126,7 @@ class PolicySchedulerMixin:
         # The fast path sorts only vLLM's queues: parked (idle) sessions are in none, and the
         # policy's order of all requests is the planner's, whose `book.ordered()` re-reads and
         # files everything first.
-        book.refresh(skip=self.parked)
+        book.refresh_queued(self.parked)
         with_work = len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)
         if not with_work:
             return

@@ -28,7 +28,7 @@ Only requests that changed since the last step are re-read and re-keyed (`mark`)
 in proportion to what changed, not to the number of open sessions. Only the planner needs the
 policy's order of all requests; a step that does not consult it (the fast path) re-reads what
 changed without moving it in that order, and puts a changed session that is parked (idle, in no
-vLLM queue) aside unread until the planner runs or its next chunk comes (`refresh(skip=...)`).
+vLLM queue) aside unread until the planner runs or its next chunk comes (`refresh_queued`).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class ViewBook:
         self._seq = itertools.count()
         self._admissions = itertools.count()
         self._dirty: dict[str, object] = {}
-        self._put_aside: dict[str, object] = {}  # changed, not read yet: see `refresh(skip=...)`
+        self._put_aside: dict[str, object] = {}  # changed, not read yet: see `refresh_queued`
         self._unfiled: dict[str, RequestView] = {}  # read, not yet moved in the policy's order
         self._by_client_id: dict[str, str] = {}  # id the front end gave -> vLLM's internal id
 
@@ -156,38 +156,34 @@ class ViewBook:
         self.refresh()
         return self.queue.ordered()
 
-    def refresh(self, skip=None) -> None:
-        """Re-read the requests that changed since the last call.
+    def refresh(self) -> None:
+        """Re-read every changed request and move each to its place in the policy's order (the
+        planner's call: it weighs every request, parked ones included)."""
+        self._dirty.update(self._put_aside)
+        self._put_aside.clear()
+        self.refresh_queued(())
+        touch = self.queue.touch
+        for view in self._unfiled.values():
+            touch(view)
+        self._unfiled.clear()
 
-        Without `skip` (the planner's call) each is also moved to its place in the policy's order.
-        With `skip` (the step's fast path, which only sorts vLLM's queues) those listed are put
-        aside unread, and the others are read but left where they were in the order, `key` giving
-        their key afresh, until the next call without `skip` files them all."""
-        if skip is None and self._put_aside:
-            self._dirty.update(self._put_aside)
-            self._put_aside.clear()
-        if self._dirty:
-            views, queue, block_size, aside = self.views, self.queue, self.block_size, self._put_aside
-            unfiled = self._unfiled
-            for request_id, request in self._dirty.items():
-                if skip is not None and request_id in skip:
-                    aside[request_id] = request
-                    continue
-                aside.pop(request_id, None)
-                view = views[request_id]
-                fill_view(view, request, block_size)
-                if skip is None:
-                    queue.touch(view)
-                else:
-                    unfiled[request_id] = view
-            self._dirty.clear()
-        if skip is None and self._unfiled:
-            for view in self._unfiled.values():
-                self.queue.touch(view)
-            self._unfiled.clear()
+    def refresh_queued(self, parked) -> None:
+        """The step's fast path, which sorts only vLLM's queues: changed requests in `parked` are put
+        aside unread (they are in no queue), the others are read but left where they were in the
+        policy's order, `key` giving their key afresh, until the next `refresh()` files them all."""
+        views, block_size, aside, unfiled = self.views, self.block_size, self._put_aside, self._unfiled
+        for request_id, request in self._dirty.items():
+            if request_id in parked:
+                aside[request_id] = request
+                continue
+            aside.pop(request_id, None)
+            view = views[request_id]
+            fill_view(view, request, block_size)
+            unfiled[request_id] = view
+        self._dirty.clear()
 
     def key(self, request_id: str) -> tuple:
-        """The policy's current key of a live request (as of the last `refresh()`)."""
+        """The policy's current key of a live request (as of the last `refresh` or `refresh_queued`)."""
         view = self.views[request_id]
         if request_id in self._unfiled:
             return self.queue.key_for(view)

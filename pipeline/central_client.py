@@ -106,7 +106,8 @@ class CentralClient:
             self._slots[source_type] = deque(slot for slot in held if slot[1] != replica_id)
 
     def _give_back_slots(self, every: bool = False) -> None:
-        """Give back the slots too old to trust, or `every` one: their room is released with the next batch."""
+        """Give back the slots too old to trust, or `every` one (their room goes back with the next
+        batch)."""
         now = time.monotonic()
         for held in self._slots.values():
             while held and (every or held[0][2] < now):

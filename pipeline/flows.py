@@ -114,7 +114,6 @@ async def resume_events(ctx: FlowContext, session_id: str, replica_id: str, afte
         session_id, replica_id, stats.get("output_tokens") or 0)
 
 
-
 def final_event(session: SessionLog, stats: dict) -> dict:
     return {
         "session_id": session.session_id,

@@ -6,9 +6,10 @@ one locally (microseconds instead of an actor call) and the binding (which sessi
 follows in the holder's next batch. Slots are granted only while nobody waits in the queue
 (holders give theirs back once somebody does: `pipeline.central_client`), and on a replica only
 while it keeps free room for more sessions than it has slots (slots take at most half of any
-replica's free room), so under pressure admissions go through `try_admit` and the queue. An unused slot is a placement with a lease: it expires like a one-shot request's. Their
-cost: that reserved headroom (in projected blocks like any placement; not counted as sessions),
-bounded by holders x slots x demand, for at most the lease.
+replica's free room), so under pressure admissions go through `try_admit` and the queue. An unused
+slot is a placement with a lease: it expires like a one-shot request's. Their cost: that reserved
+headroom (in projected blocks like any placement; not counted as sessions), bounded by holders x
+slots x demand, for at most the lease.
 """
 
 from __future__ import annotations

@@ -52,8 +52,8 @@ def parse_sse(text: str) -> list[tuple[str, dict]]:
     return events
 
 
-def cluster_view(base: str) -> dict:
-    return httpx.get(f"{base}/v1/cluster", timeout=10).json()
+def cluster_view(base: str, headers: dict | None = None) -> dict:
+    return httpx.get(f"{base}/v1/cluster", headers=headers, timeout=10).json()
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.25):

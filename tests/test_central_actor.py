@@ -187,12 +187,16 @@ def test_slots_go_back_when_a_session_waits_in_the_queue(local_ray, central_name
         await client.flush()
         held_before = sum(len(h) for h in client._slots.values())
         await handle.report.remote({**report("q1"), "kv_blocks_total": 1000, "kv_blocks_used": 1000})
-        waiting = asyncio.ensure_future(handle.admit.remote("waits", "client", 3.0))
-        await asyncio.sleep(0.3)  # it is in the queue now (no room)
+        waiting = asyncio.ensure_future(handle.admit.remote("waits", "client", 60.0))
+        deadline = time.monotonic() + 30
+        while (await handle.pressure.remote())["queued"] < 1:  # in the queue now (no room)
+            assert time.monotonic() < deadline, "the session never queued"
+            await asyncio.sleep(0.05)
         client.release("w0")  # any batch brings a reply that says so
         await client.flush()
         held_after, from_slots = sum(len(h) for h in client._slots.values()), client.from_slots
         late = await client.admit("late", "client", 0.5)
+        await handle.report.remote({**report("q1"), "kv_blocks_total": 1000})  # room again: "waits" goes in
         return held_before, held_after, client.from_slots - from_slots, late, await waiting
 
     try:

@@ -184,8 +184,8 @@ def test_a_superseded_request_ranks_last_under_every_policy(policy):
 
 
 def test_a_parked_session_is_put_aside_until_a_full_refresh_or_its_next_chunk():
-    """`refresh(skip=...)` leaves the listed requests unread (the plug-in's fast path skips parked
-    sessions); a refresh without `skip` reads them (the planner's), and so does their next chunk."""
+    """`refresh_queued(parked)` (the plug-in's fast path) leaves the parked requests unread;
+    `refresh()` (the planner's) reads them, and so does their next chunk."""
     book = _book("tailguard")
     request = _request("s", 100, 10.0)
     book.open(request)
@@ -193,16 +193,16 @@ def test_a_parked_session_is_put_aside_until_a_full_refresh_or_its_next_chunk():
     view = book.views["s"]
     _finish_turn(request)  # idle now: vLLM parks it
     book.mark(request)
-    book.refresh(skip={"s"})
+    book.refresh_queued({"s"})
     assert view.num_tokens_to_compute == 100 and not view.running  # not read yet
-    book.refresh(skip={"s"})  # still aside, and not read twice either
+    book.refresh_queued({"s"})  # still aside, and not read twice either
     book.refresh()  # the planner's call reads what was put aside
     assert view.num_tokens_to_compute == 0 and view.running and view.idle
     book.mark(request)  # changed again while parked: put aside again
-    book.refresh(skip={"s"})
+    book.refresh_queued({"s"})
     _next_turn(request, 50, 12.5)  # its next chunk: back in a queue, read at the next step
     book.chunk(request, 12.5)
-    book.refresh(skip=set())
+    book.refresh_queued(set())
     assert view.num_tokens_to_compute == 50 and view.last_chunk_arrival == 12.5
     assert book.key("s")[1][0] == 2  # TailGuard: resident partial stream with work
     book.close("s")
@@ -210,7 +210,7 @@ def test_a_parked_session_is_put_aside_until_a_full_refresh_or_its_next_chunk():
 
 
 def test_the_fast_path_keys_are_fresh_and_the_planners_order_catches_up():
-    """`refresh(skip=...)` reads changed requests without moving them in the policy's order: `key`
+    """`refresh_queued` reads changed requests without moving them in the policy's order: `key`
     gives their fresh key (vLLM's queues are sorted by it), and `ordered()` (the planner's) files them."""
     book = _book("tailguard")
     first, second = _request("a", 100, 10.0), _request("b", 100, 11.0)
@@ -219,7 +219,7 @@ def test_the_fast_path_keys_are_fresh_and_the_planners_order_catches_up():
     assert [v.request_id for v in book.ordered()] == ["a", "b"]  # both non-resident with work
     second.num_computed_tokens = 16  # "b" now holds KV: a resident partial stream ranks first
     book.mark(second)
-    book.refresh(skip=set())
+    book.refresh_queued(set())
     assert book.key("b") < book.key("a")
     assert [v.request_id for v in book.ordered()] == ["b", "a"]
     assert book.key("b") < book.key("a")

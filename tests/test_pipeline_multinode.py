@@ -17,7 +17,7 @@ import pytest
 import ray
 import yaml
 
-from pipeline_fixtures import REPO, parse_sse, serve_app, tiny_config, wait_until
+from pipeline_fixtures import REPO, cluster_view, parse_sse, serve_app, tiny_config, wait_until
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.random_order(disabled=True)]
 TOKEN = "s3cret-token"
@@ -155,9 +155,9 @@ def test_worker_node_removed_under_load_every_session_is_answered_or_rejected(mu
     base, cluster, _ = multinode
     joined = cluster.add_node(num_cpus=1, resources={"engine_node": 1})
     nodes = {n.node_id for n in cluster.worker_nodes}
-    wait_until(lambda: {r["node_id"] for r in _view(base)["replicas"].values()} == nodes, timeout=300)
+    wait_until(lambda: {r["node_id"] for r in cluster_view(base, AUTH)["replicas"].values()} == nodes, timeout=300)
     assert joined.node_id in nodes
-    baseline_kv = sum(r["kv_blocks_used"] for r in _view(base)["replicas"].values())
+    baseline_kv = sum(r["kv_blocks_used"] for r in cluster_view(base, AUTH)["replicas"].values())
     opened = []
     with httpx.Client(base_url=base, headers=AUTH, timeout=60) as c:
         for i in range(6):
@@ -190,13 +190,9 @@ def test_worker_node_removed_under_load_every_session_is_answered_or_rejected(mu
     print("node removed under load:", {"on_victim": sum(node == victim for _, node in opened), "sessions": len(opened),
           "recovered": sum(kind == "answered" and f["recovered"] for kind, f in outcomes.values()),
           "outcomes": [kind for kind, _ in outcomes.values()]})
-    wait_until(lambda: _view(base)["pressure"]["sessions"] == 0, timeout=60)
-    wait_until(lambda: sum(r["kv_blocks_used"] for r in _view(base)["replicas"].values()) <= baseline_kv,
+    wait_until(lambda: cluster_view(base, AUTH)["pressure"]["sessions"] == 0, timeout=60)
+    wait_until(lambda: sum(r["kv_blocks_used"] for r in cluster_view(base, AUTH)["replicas"].values()) <= baseline_kv,
                timeout=60)
-
-
-def _view(base: str) -> dict:
-    return httpx.get(f"{base}/v1/cluster", headers=AUTH, timeout=10).json()
 
 
 def _finish(base: str, sid: str, outcomes: dict) -> None:
