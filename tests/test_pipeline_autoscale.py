@@ -72,7 +72,9 @@ class Watcher(threading.Thread):
             self.samples.append((round(time.monotonic() - self.t0, 1), running_replicas()))
             view = httpx.get(f"{self.base}/v1/cluster", timeout=10).json()
             p = view["pressure"]
-            if self.samples[-1][1] >= 2:
+            # scaled once the central scheduler hears from the added replica too: before its first
+            # report, sessions released on the first one would send the queue back there
+            if self.samples[-1][1] >= 2 and p["replicas"] >= 2:
                 self.scaled.set()
                 if p["sessions"] > 0:
                     self.scaled_under_load = True
