@@ -1,6 +1,7 @@
 """The real engine under load: every policy streaming, and the one-shot baseline, over a QPS sweep.
 
-    python -m bench.engine_load [--quick]  ->  bench/results/engine_load.json
+    python -m bench.engine_load [--quick] [--qps Q ..] [--seeds S ..] [--sessions N] [--delay X]
+        ->  bench/results/engine_load.json
 
 One vLLM engine per policy (SmolLM2 on this CPU; its KV cache a fraction of what the concurrent
 streams hold at the higher levels) replays crawler-shaped sessions scaled to this CPU (a search
@@ -44,7 +45,10 @@ ONE_SHOT_ENGINE = "default_vllm"  # complete requests only: the order barely mat
 KEYS = ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "makespan_s",
         "preemptions", "tokens_recomputed")
 FULL = dict(qps=(0.25, 0.5, 1.0, 2.0, 4.0), seeds=(0, 1, 2), sessions=16, delay=0.5)
-QUICK = dict(qps=(0.5, 1.0, 2.0, 4.0), seeds=(0, 1, 2), sessions=4, delay=0.3)
+# Under 5 minutes on 2 cores, engine start-ups (~25 s each, five engines) included: the same keys
+# from 2 seeds of 3 sessions (not seed 1: its arrivals at the lightest level span 14 s, which alone
+# took the run to 6 minutes).
+QUICK = dict(qps=(0.5, 1.0, 2.0, 4.0), seeds=(0, 2), sessions=3, delay=0.2)
 
 
 def run_key(summary: dict) -> dict:
@@ -112,7 +116,11 @@ async def main_async(args) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 sessions per run, shorter gaps")
+    parser.add_argument("--quick", action="store_true", help="3 sessions per run, 2 seeds, shorter gaps")
+    parser.add_argument("--qps", type=float, nargs="+", help="QPS levels, lightest first (overrides the size's)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="trace seeds (overrides the size's)")
+    parser.add_argument("--sessions", type=int, help="sessions per run (overrides the size's)")
+    parser.add_argument("--delay", type=float, help="time compression of the chunk gaps (overrides the size's)")
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="default: the engine's for this machine")
     parser.add_argument("--kv-bytes", type=int, help="KV cache per engine (default: 40 MiB in bfloat16, "
@@ -122,7 +130,8 @@ def main(argv=None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
-        setattr(args, key, value)
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     args.dtype = engine_dtype(args.dtype)
     args.kv_bytes = args.kv_bytes or kv_bytes(40 << 20, args.dtype)
     meta = start_run(args.model, args.dtype, args.seeds)

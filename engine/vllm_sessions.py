@@ -6,6 +6,13 @@ waiting queues and counts it against `max_num_seqs`; enough idle sessions stall 
 an idle session is parked: out of the queues (the engine core does not spin on it) and out of the
 slot count, with its KV kept until the planner evicts it. Its next chunk puts it back in line.
 
+A turn that has not started when the session's next one arrives takes that one in (`_absorb_turn`):
+vLLM would queue the newcomer behind it, and a session whose chunks arrive while the engine is too
+busy to prefill them would then run its turns one engine step at a time, each re-admitted behind
+every running request and ending in a throwaway sample: under load, later than the same prompt sent
+whole. Absorbed, its waiting context (and its question, when that is what arrives) is one prompt,
+prefilled as a one-shot request's would be; the absorbed turn is acknowledged as not prefilled.
+
 A policy with `degrade_evicted_streams` (TailGuard) stops streaming for a session whose KV was
 evicted while it was idle: its later context chunks are appended without being prefilled, and it
 runs once, as a one-shot request, when its question arrives. vLLM's front end expects one output
@@ -15,12 +22,14 @@ stop reason (the engine's `LiveRequest` counts it as accepted, not prefilled).
 
 from __future__ import annotations
 
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
-from vllm.v1.request import RequestStatus
+from vllm.v1.request import RequestStatus, StreamingUpdate
 
 from engine.vllm_views import DEFERRED_TURN, is_partial_params
 
 _IDLE = RequestStatus.WAITING_FOR_STREAMING_REQ
+_WAITING = RequestStatus.WAITING
 
 
 class SessionParkingMixin:
@@ -49,6 +58,27 @@ class SessionParkingMixin:
         request.prompt_token_ids.extend(kept)
         request.num_prompt_tokens = len(request.prompt_token_ids)
         self._settled.add(request.request_id)
+
+    def add_request(self, request) -> None:
+        session = self.requests.get(request.request_id)
+        # WAITING: in a waiting queue, its turn not started (a started turn is RUNNING or PREEMPTED);
+        # nothing queued ahead of the newcomer, so taking it in keeps the turns' order.
+        if (session is not None and session.resumable and session.status == _WAITING
+                and not session.streaming_queue):
+            update = StreamingUpdate.from_request(request)
+            if update is not None:
+                self._absorb_turn(session, update)
+                return
+        super().add_request(request)
+
+    def _absorb_turn(self, session, update) -> None:
+        """Append the next turn to the session's current one, which has not started (see module doc)."""
+        computed = session.num_computed_tokens
+        session.num_computed_tokens = session.num_tokens  # nothing sampled this turn: keep every token
+        Scheduler._update_request_as_session(self, session, update)
+        session.num_computed_tokens = computed
+        self.book.chunk(session, update.arrival_time)
+        self._deferred_turns.append(session)  # the absorbed turn's output: accepted, not prefilled
 
     def _handle_stopped_request(self, request) -> bool:
         finished = super()._handle_stopped_request(request)
@@ -92,18 +122,21 @@ class SessionParkingMixin:
             self._enqueue_waiting_request(session)
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        # Acknowledgements go before the step's outputs: a session whose absorbed turn is
+        # acknowledged may finish the turn that took it in within this very step.
+        acks: dict[int, list] = {}
+        for request in self._deferred_turns:
+            if request.request_id in self.requests:  # else finished meanwhile
+                acks.setdefault(request.client_index, []).append(EngineCoreOutput(
+                    request.request_id, [request.all_token_ids[-1]],
+                    finish_reason=FinishReason.STOP, stop_reason=DEFERRED_TURN))
+        self._deferred_turns.clear()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        if self._deferred_turns:
-            for request in self._deferred_turns:
-                if request.request_id not in self.requests:
-                    continue  # finished meanwhile
-                ack = EngineCoreOutput(request.request_id, [request.all_token_ids[-1]],
-                                       finish_reason=FinishReason.STOP, stop_reason=DEFERRED_TURN)
-                bucket = outputs.get(request.client_index)
-                if bucket is None:
-                    bucket = outputs[request.client_index] = EngineCoreOutputs(outputs=[])
-                bucket.outputs.append(ack)
-            self._deferred_turns.clear()
+        for client_index, ordered_first in acks.items():
+            bucket = outputs.get(client_index)
+            if bucket is None:
+                bucket = outputs[client_index] = EngineCoreOutputs(outputs=[])
+            bucket.outputs[:0] = ordered_first
         return outputs
 
     def has_requests(self) -> bool:

@@ -92,6 +92,29 @@ def test_early_prefill_within_the_allowance_runs_beside_a_decode():
     d.run_until(lambda: _idle(d, "big"))
 
 
+@pytest.mark.parametrize("policy", ["default_vllm", "tailguard"])
+def test_turns_that_arrive_before_the_current_one_starts_are_prefilled_with_it(policy):
+    """Not turn by turn (one step each, a throwaway sample between, re-admitted every time): the
+    waiting turn takes the later ones in, each taken-in turn is acknowledged before the answer."""
+    s = make_scheduler(StreamingScheduler, policy, num_blocks=64, max_num_seqs=4, budget=256)
+    d = Driver(s)
+    d.turn("s", 40)
+    d.turn("s", 40)
+    d.turn("s", 8, final(2))
+    d.end("s")
+    s.book.refresh()  # what the next step reads: one complete prompt
+    assert s.requests["s"].num_prompt_tokens == 88 and s.book.views["s"].complete
+    assert d.step().num_scheduled_tokens == {"s": 88}  # the whole prompt in one step
+    d.run_until(lambda: "s" not in s.requests)
+    assert d.stop_reasons["s"] == [DEFERRED_TURN, DEFERRED_TURN, None]
+    assert d.outputs["s"][2:] == [7, 7]  # the answer follows the acknowledgements, whole
+    # a turn already running is not extended: the next one waits behind it, as in vLLM
+    d.turn("r", 300)
+    d.step()
+    d.turn("r", 10)
+    assert s.requests["r"].num_prompt_tokens == 300 and len(s.requests["r"].streaming_queue) == 1
+
+
 @pytest.mark.parametrize("policy", ["lcas", "tailguard"])
 def test_eviction_takes_idle_memory_for_a_question_and_the_stream_resumes_whole(policy):
     s = make_scheduler(StreamingScheduler, policy, num_blocks=12, max_num_seqs=8)
