@@ -6,12 +6,13 @@ waiting queues and counts it against `max_num_seqs`; enough idle sessions stall 
 an idle session is parked: out of the queues (the engine core does not spin on it) and out of the
 slot count, with its KV kept until the planner evicts it. Its next chunk puts it back in line.
 
-A turn that has not started when the session's next one arrives takes that one in (`_absorb_turn`):
-vLLM would queue the newcomer behind it, and a session whose chunks arrive while the engine is too
-busy to prefill them would then run its turns one engine step at a time, each re-admitted behind
-every running request and ending in a throwaway sample: under load, later than the same prompt sent
-whole. Absorbed, its waiting context (and its question, when that is what arrives) is one prompt,
-prefilled as a one-shot request's would be; the absorbed turn is acknowledged as not prefilled.
+A turn that has not started when the session's next one arrives takes that one in (`_absorb_turn`),
+and a turn that starts takes in every turn queued behind it (they came while the previous one ran).
+Otherwise vLLM runs queued turns one at a time, each re-admitted behind every running request and
+ending in a throwaway sample, so a session whose chunks arrive while the engine is too busy to
+prefill them would get its first token later than the same prompt sent whole. Taken in, its waiting
+context (and its question, when that is what arrives) is one prompt, prefilled as a one-shot
+request's would be; each taken-in turn is acknowledged as not prefilled.
 
 A policy with `degrade_evicted_streams` (TailGuard) stops streaming for a session whose KV was
 evicted while it was idle: its later context chunks are appended without being prefilled, and it
@@ -118,6 +119,9 @@ class SessionParkingMixin:
             self._deferred_turns.append(session)
             return
         self._settled.discard(request_id)
+        queued = session.streaming_queue
+        while queued and queued[0] is not None:  # turns that came while the last one ran
+            self._absorb_turn(session, queued.popleft())
         if was_parked:
             self._enqueue_waiting_request(session)
 

@@ -108,11 +108,19 @@ def test_turns_that_arrive_before_the_current_one_starts_are_prefilled_with_it(p
     d.run_until(lambda: "s" not in s.requests)
     assert d.stop_reasons["s"] == [DEFERRED_TURN, DEFERRED_TURN, None]
     assert d.outputs["s"][2:] == [7, 7]  # the answer follows the acknowledgements, whole
-    # a turn already running is not extended: the next one waits behind it, as in vLLM
+    # a turn already running is not extended: the next ones wait behind it, as in vLLM, and the
+    # turn after it takes them all in
     d.turn("r", 300)
     d.step()
     d.turn("r", 10)
-    assert s.requests["r"].num_prompt_tokens == 300 and len(s.requests["r"].streaming_queue) == 1
+    d.turn("r", 10)
+    d.turn("r", 4, final(2))
+    d.end("r")
+    assert s.requests["r"].num_prompt_tokens == 300 and len(s.requests["r"].streaming_queue) == 4
+    d.run_until(lambda: d.stop_reasons.get("r"))  # the running turn ends
+    assert s.requests["r"].num_prompt_tokens == 324 and list(s.requests["r"].streaming_queue) == [None]
+    d.run_until(lambda: "r" not in s.requests)
+    assert d.stop_reasons["r"] == [None, DEFERRED_TURN, DEFERRED_TURN, None] and d.outputs["r"][-2:] == [7, 7]
 
 
 @pytest.mark.parametrize("policy", ["lcas", "tailguard"])
