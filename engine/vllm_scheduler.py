@@ -30,8 +30,8 @@ requests that hold KV before those that do not, admits no waiting request in a s
 preempted, cannot cut a chunk to the early-prefill allowance (it waits whole), and counts blocks
 itself (prefix-cache hits can make a request need fewer blocks than the planner priced), and runs a
 session's turns one at a time (a chunk that arrives while the session's turn runs waits for that
-turn's end; the simulator appends every chunk on arrival; a turn not started yet takes later ones
-in, `engine.vllm_sessions`). An idle
+turn's end, where the simulator appends every chunk on arrival; a turn not started yet takes later
+ones in, and the next turn takes in all that waited: `engine.vllm_sessions`). An idle
 stream whose KV was evicted stays blocked until its next chunk in both (the simulator models this
 too). The plug-in preempts by recompute; on a GPU with `kv_offload_gib`, vLLM's offloading
 connector (`engine/kv_offload.py`) may load a victim's KV back instead.

@@ -23,7 +23,6 @@ stop reason (the engine's `LiveRequest` counts it as accepted, not prefilled).
 
 from __future__ import annotations
 
-from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import RequestStatus, StreamingUpdate
 
@@ -74,10 +73,7 @@ class SessionParkingMixin:
 
     def _absorb_turn(self, session, update) -> None:
         """Append the next turn to the session's current one, which has not started (see module doc)."""
-        computed = session.num_computed_tokens
-        session.num_computed_tokens = session.num_tokens  # nothing sampled this turn: keep every token
-        Scheduler._update_request_as_session(self, session, update)
-        session.num_computed_tokens = computed
+        self._append_whole(session, update, session.num_computed_tokens)
         self.book.chunk(session, update.arrival_time)
         self._deferred_turns.append(session)  # the absorbed turn's output: accepted, not prefilled
 
@@ -106,10 +102,8 @@ class SessionParkingMixin:
         if was_parked:
             self.num_waiting_for_streaming_input += 1  # vLLM's update takes it off again
         settled = request_id in self._settled
-        if settled:
-            session.num_computed_tokens = session.num_tokens  # already trimmed: keep every token
-            super()._update_request_as_session(session, update)
-            session.num_computed_tokens = 0  # its KV is gone: prefill again (prefix cache permitting)
+        if settled:  # already trimmed; its KV is gone: prefill again (prefix cache permitting)
+            self._append_whole(session, update, 0)
         else:
             super()._update_request_as_session(session, update)
         self.book.chunk(session, update.arrival_time)
@@ -124,6 +118,14 @@ class SessionParkingMixin:
             self._absorb_turn(session, queued.popleft())
         if was_parked:
             self._enqueue_waiting_request(session)
+
+    def _append_whole(self, session, update, computed: int) -> None:
+        """vLLM's turn update, keeping every token of the session: it trims at
+        `num_computed_tokens`, for a throwaway token this session does not have (already trimmed,
+        or its turn has not run); `computed` is the session's computed count afterwards."""
+        session.num_computed_tokens = session.num_tokens
+        super()._update_request_as_session(session, update)
+        session.num_computed_tokens = computed
 
     def update_from_output(self, scheduler_output, model_runner_output):
         # Acknowledgements go before the step's outputs: a session whose absorbed turn is
