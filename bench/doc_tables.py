@@ -321,6 +321,15 @@ def scheduler_overhead(data: dict) -> str:
                  f"{data.get('plugin_repeats', 2)} seeds):\n\n"
                  + table(["policy", *(f"µs per step at {n:,} sessions" for n in sizes)], prows) + "\n\n"
                  f"Target <= {num(data['plugin_target_us_at_500'])} µs at 500: {verdict}.")
+    contended = data.get("plugin_contended_us_per_step")
+    if contended:
+        budgets = data["plugin_budgets"]
+        crows = [[p, *(num(per.get(str(n))) for n in sizes)] for p, per in contended.items()]
+        text += (f"\n\nWith a {budgets['plugin_us_per_step']:,}-token budget the step's new chunks fit it whole, so vLLM "
+                 "schedules them in any order and the plug-in does not sort. With a "
+                 f"{budgets['plugin_contended_us_per_step']:,}-token budget, less than their work, the order decides "
+                 "who runs and the queues are sorted (`plugin_contended_us_per_step`, no target):\n\n"
+                 + table(["policy", *(f"µs per step at {n:,} sessions" for n in sizes)], crows))
     return text
 
 

@@ -11,7 +11,10 @@ calls, and applies its decision to vLLM:
   no ping-pong between two streams.
 - vLLM's running list and both waiting queues are put in the policy's order: who gets the step's
   token budget first, who is admitted first, and whom vLLM itself preempts when a running request
-  cannot grow (it takes `running[-1]`, now the lowest-ranked running request).
+  cannot grow (it takes `running[-1]`, now the lowest-ranked running request). In a step where
+  vLLM schedules every queued request whole in any order (their work fits the token budget and
+  the slots, the blocks are free, no early-prefill limit applies), the order decides nothing and
+  the sort is skipped.
 - under a policy that limits early prefill (`StepBudget.early_prefill_tokens`), waiting partial
   streams beyond the step's allowance sit out the step while a completed prompt has work (off the
   queues during `schedule` only; vLLM makes its step stats later, in `update_from_output`, so they
@@ -134,14 +137,30 @@ class PolicySchedulerMixin:
         if not with_work:
             return
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
-        if free < self.step_budget.max_num_tokens // self.block_size + 1 + with_work:
+        blocks_short = free < self.step_budget.max_num_tokens // self.block_size + 1 + with_work
+        if blocks_short:
             decision = plan_step(book.ordered(), _StepBlocks(free, book.views), self.step_budget)
             now = time.monotonic()
             for preemption in decision.preempted:
                 self._evict(self.requests[preemption.request_id], now)
-        self._order_queues()
-        if self.step_budget.early_prefill_tokens is not None:
-            self._hold_back_early_prefill()
+        if blocks_short or self._order_decides(with_work):
+            self._order_queues()
+            if self.step_budget.early_prefill_tokens is not None:
+                self._hold_back_early_prefill()
+
+    def _order_decides(self, with_work: int) -> bool:
+        """False when vLLM schedules every queued request whole this step in any order: their
+        work fits the token budget, they fit the slots, no early-prefill limit applies, and the
+        blocks are there (the caller's fast-path test). Sorting is then skipped: under light load,
+        the common case on a GPU, the step costs the re-read of the changed requests only."""
+        if with_work > min(self.max_num_running_reqs, self.max_num_active_reqs) or self.lora_config:
+            return True  # LoRA: vLLM's max_loras may turn a request away, and order decides which
+        views, budget = self.book.views, self.step_budget
+        queued = [views[r.request_id] for queue in (self.running, self.kv_holding_waiting, self.waiting)
+                  for r in queue]
+        if sum(view.num_tokens_to_compute for view in queued) > budget.max_num_tokens:
+            return True
+        return budget.early_allowance(queued) < budget.max_num_tokens
 
     def _order_queues(self) -> None:
         key = self.book.key
