@@ -7,7 +7,9 @@ and no actor sees every chunk of the cluster. A record holds what recovery needs
 the client's context changes in order (text; replayed on another replica if the replica dies), the
 citations, the last client sequence number and, once the answer started, the finished mark (a
 second finish is refused). Records idle past the session TTL are dropped, as the replicas drop
-their sessions. A restarted shard starts empty: its sessions answer 404 (documented limit).
+their sessions. Every change is journaled on the shard's node before the call returns
+(`pipeline.session_journal`), and Ray restarts a dead shard, which reloads its journal: a shard's
+death loses no session.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import ray
 
 from pipeline.central import NAMESPACE, on_head_node
 from pipeline.errors import SessionConflict, SessionGone
+from pipeline.session_journal import SessionJournal, apply_change
 from pipeline.sessions import SessionLog
-from stream2llm.data.traces import ContextOp
 
 FIELDS = ("session_id", "source_type", "replica_id", "node_id", "context_tokens", "recovered",
           "last_seq", "created_at")
@@ -33,30 +35,44 @@ def _record(log: SessionLog) -> dict:
 
 @ray.remote(max_restarts=-1, max_task_retries=3)
 class SessionShard:
-    def __init__(self, ttl_s: float):
-        self._ttl_s = ttl_s
-        self._records: dict[str, dict] = {}
-        self._touched: dict[str, float] = {}
-        self._finished: dict[str, float] = {}
+    def __init__(self, name: str, ttl_s: float):
+        self._journal = SessionJournal.for_shard(name, ray.get_runtime_context().get_node_id())
+        self._ttl_s = self._journal.setting("ttl_s", ttl_s)  # a redeploy's, if one configured it
+        self._configured_at = self._journal.setting("configured_at", 0.0)
+        loaded, now = self._journal.load(self._ttl_s), time.monotonic()
+        self._records: dict[str, dict] = loaded.records
+        self._touched: dict[str, float] = {sid: now - idle for sid, idle in loaded.idle_s.items()}
+        self._finished: dict[str, float] = {sid: now - ago for sid, ago in loaded.finished_ago_s.items()}
         self._sweeper: asyncio.Task | None = None
 
-    async def create(self, record: dict) -> None:
+    def _start_sweeper(self) -> None:
         if self._sweeper is None:  # started from a call: the actor's event loop runs it
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def create(self, record: dict) -> None:
+        self._start_sweeper()
+        self._journal.created(record)
         self._records[record["session_id"]] = record
         self._touched[record["session_id"]] = time.monotonic()
 
-    def configure(self, ttl_s: float) -> None:
+    def configure(self, ttl_s: float, issued_at: float) -> None:
         """The idle TTL of the deployment now running: a detached shard outlives the deployment
-        that created it, and keeps its constructor's arguments across redeploys."""
-        self._ttl_s = ttl_s
+        that created it, and keeps its constructor's arguments across redeploys (and restarts,
+        hence the journal). Calls from different ingress replicas arrive in no set order: the one
+        issued last (wall clock) wins."""
+        if issued_at < self._configured_at:
+            return
+        self._journal.set_setting("ttl_s", ttl_s)
+        self._journal.set_setting("configured_at", issued_at)
+        self._ttl_s, self._configured_at = ttl_s, issued_at
 
-    def get(self, session_id: str, claim_seq: int | None = None) -> dict:
+    async def get(self, session_id: str, claim_seq: int | None = None) -> dict:
         """The record (ops included); `{"finished": true}` once it was finished; `{}` if unknown.
 
         `claim_seq`: a client change about to be applied. Not above the last claimed one: the
         record comes back with `duplicate` (a retry: no-op). Else it becomes the last one (atomic,
         so a retry through another ingress is a duplicate too); `unclaim` undoes a failed change."""
+        self._start_sweeper()  # a restarted shard's first call may be a read of its reloaded records
         if session_id in self._finished:
             return {"finished": True}
         record = self._records.get(session_id)
@@ -66,6 +82,7 @@ class SessionShard:
         if claim_seq is not None:
             if claim_seq <= record["last_seq"]:
                 return {**record, "duplicate": True}
+            self._journal.changed(session_id, None, None, {"last_seq": claim_seq}, touches=False)
             record = {**record, "claimed_from": record["last_seq"]}
             self._records[session_id]["last_seq"] = claim_seq
         return record
@@ -73,6 +90,7 @@ class SessionShard:
     def unclaim(self, session_id: str, claim_seq: int, previous: int) -> None:
         record = self._records.get(session_id)
         if record is not None and record["last_seq"] == claim_seq:
+            self._journal.changed(session_id, None, None, {"last_seq": previous}, touches=False)
             record["last_seq"] = previous
 
     def commit(self, session_id: str, op: tuple | None, sources: list[dict] | None, fields: dict) -> bool:
@@ -81,11 +99,8 @@ class SessionShard:
         record = self._records.get(session_id)
         if record is None:
             return False
-        if op is not None:
-            record["ops"].append(op)
-        if sources is not None:
-            record["sources"] = sources if op and op[0] == ContextOp.REPLACE else record["sources"] + sources
-        record.update(fields)
+        self._journal.changed(session_id, op, sources, fields, touches=True)
+        apply_change(record, op, sources, fields)
         self._touched[session_id] = time.monotonic()
         return True
 
@@ -98,12 +113,16 @@ class SessionShard:
         self._touched.pop(session_id, None)
         if record is None:
             return {}
+        self._journal.finished(session_id)
         self._finished[session_id] = time.monotonic()
         return record
 
     def drop(self, session_id: str) -> bool:
         self._touched.pop(session_id, None)
-        return self._records.pop(session_id, None) is not None
+        if self._records.pop(session_id, None) is None:
+            return False
+        self._journal.dropped(session_id)
+        return True
 
     def count(self) -> int:
         return len(self._records)
@@ -115,6 +134,7 @@ class SessionShard:
             for sid in [s for s, t in self._touched.items() if now - t > self._ttl_s]:
                 self.drop(sid)
             for sid in [s for s, t in self._finished.items() if now - t > self._ttl_s]:
+                self._journal.unfinished(sid)
                 del self._finished[sid]
 
 
@@ -124,12 +144,13 @@ class SessionStore:
     def __init__(self, config):
         settings, strategy = config.ingress, on_head_node()
         self._shards = [
-            SessionShard.options(name=f"{config.scheduler.actor_name}_sessions_{i}", namespace=NAMESPACE,
+            SessionShard.options(name=name, namespace=NAMESPACE,
                                  lifetime="detached", get_if_exists=True, num_cpus=0,
-                                 scheduling_strategy=strategy).remote(config.limits.session_ttl_s)
-            for i in range(settings.session_shards)]
+                                 scheduling_strategy=strategy).remote(name, config.limits.session_ttl_s)
+            for name in (f"{config.scheduler.actor_name}_sessions_{i}" for i in range(settings.session_shards))]
+        issued_at = time.time()
         for shard in self._shards:  # a redeploy's TTL reaches shards that already existed
-            shard.configure.remote(config.limits.session_ttl_s)
+            shard.configure.remote(config.limits.session_ttl_s, issued_at)
         self.max_chunks = config.limits.max_chunks_per_session
 
     def _shard(self, session_id: str):

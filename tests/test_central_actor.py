@@ -2,6 +2,7 @@
 draining, health with a timeout, and a restart that keeps settings and rebuilds from reports."""
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -225,7 +226,9 @@ class _FailingBatches:
 
 def test_session_shards_take_a_redeploys_ttl(local_ray, central_name):
     """The detached shards outlive the deployment that made them: a redeploy's shorter idle TTL
-    still applies to them (without `configure` they kept the first one, 300 s here)."""
+    still applies to them (without `configure` they kept the first one, 300 s here). Configure calls
+    come from different ingress replicas in no set order: one issued earlier that arrives later
+    (as the first store's did now and then) does not undo the redeploy's."""
     from pipeline.errors import SessionGone
     from pipeline.session_store import SessionStore
     from pipeline.sessions import SessionLog
@@ -239,7 +242,9 @@ def test_session_shards_take_a_redeploys_ttl(local_ray, central_name):
         first = store(300.0)
         await first.add(SessionLog("s1", "client", "r1"))
         assert (await first.get("s1", for_change=False))[0].replica_id == "r1"
+        issued = time.time()
         store(0.5)  # the redeploy: the same named shard, a shorter TTL
+        first._shards[0].configure.remote(300.0, issued - 1.0)  # an older deployment's, arriving late
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -250,6 +255,43 @@ def test_session_shards_take_a_redeploys_ttl(local_ray, central_name):
         return False
 
     assert asyncio.run(scenario()), "the record outlived the redeploy's TTL"
+
+
+def test_a_killed_session_shard_restarts_with_its_records(local_ray, central_name):
+    """The shard's process dies (as on an OOM kill); Ray restarts it and it reloads its journal: the
+    open session keeps its context, citations and last sequence number (a retried change is still a
+    duplicate), the finished one still refuses a second finish."""
+    from pipeline.errors import SessionConflict
+    from pipeline.session_store import SessionStore
+    from pipeline.sessions import SessionLog
+    from stream2llm.data.traces import ContextOp
+
+    store = SessionStore(AppConfig.model_validate({"scheduler": {"actor_name": central_name},
+                                                   "ingress": {"session_shards": 1}}))
+
+    async def before():
+        await store.add(SessionLog("open", "client", "r1"))
+        log, duplicate = await store.get("open", claim_seq=0)
+        assert not duplicate
+        log.last_seq, log.context_tokens = 0, 7
+        await store.commit(log, (ContextOp.APPEND, "the context"), [{"title": "cited"}])
+        await store.add(SessionLog("done", "client", "r1"))
+        await store.finish("done")
+
+    async def after():
+        log, duplicate = await store.get("open", claim_seq=0)
+        with pytest.raises(SessionConflict):
+            await store.finish("done")
+        return log, duplicate
+
+    asyncio.run(before())
+    pid = ray.get(store._shards[0].__ray_call__.remote(lambda self: os.getpid()))
+    ray.kill(store._shards[0], no_restart=False)
+    log, duplicate = asyncio.run(after())  # the call waits for the restart (max_task_retries)
+    assert ray.get(store._shards[0].__ray_call__.remote(lambda self: os.getpid())) != pid
+    assert duplicate and log.ops == [(ContextOp.APPEND, "the context")]
+    assert log.sources == [{"title": "cited"}] and log.context_tokens == 7 and log.replica_id == "r1"
+    ray.kill(store._shards[0], no_restart=True)
 
 
 def test_posted_release_does_not_wait_and_a_failed_batch_fails_only_its_admissions(caplog):
