@@ -7,11 +7,15 @@ accounted for, none is lost, none failed, a disconnect happened (a leaver refuse
 never gets to leave), Serve's controller dropped the killed replica from its running replicas (the
 list routers follow) and the ingress's router stopped routing to it, and the cluster drains (no session left anywhere, KV back to idle). Two fixed
 engine replicas and one ingress replica: the bench's ingress-kill drill is not run here (with it this
-test failed 3 times in about 14 runs, twice for a reason not recorded); ingress kills are tested
+test failed 3 times in about 14 runs, and again 2 times in 8 at 3ec2aab: once a session failed, once
+the router of the ingress that replaced the killed one still listed the dead engine replica after
+30 s, Serve's late long-poll update to a new router); ingress kills are tested
 deterministically in tests/test_pipeline_ingress.py. How fast the controller drops a replica is a
 benchmark figure (`python -m bench.reliability`: `kill.dropped_by_controller_s`, and per ingress
 router `kill.left_routers_s`), not asserted here.
 """
+
+import json
 
 import pytest
 
@@ -58,16 +62,18 @@ def test_every_session_is_accounted_for_and_none_lost(report):
     c = report["counts"]
     assert c["offered"] == 8
     assert c["offered"] == c["answered"] + c["rejected"] + c["failed"] + c["lost"] + c["disconnected"]
-    assert c["lost"] == 0, report["failures"]
-    assert c["failed"] == 0, report["failures"]
+    # a string message: pytest prints it whole (a dict is cut short), and CI keeps only this output
+    assert c["lost"] == 0, json.dumps(report["failures"], default=str)
+    assert c["failed"] == 0, json.dumps(report["failures"], default=str)
     # A planned leaver leaves at its first context event or token, unless it was refused first (429;
     # also after asking again when the ingress kill cut it): the disconnect path must have run.
     leavers = [r for r in report["records"] if r["leave_on"]]
     assert len(leavers) == 2 and all(r["outcome"] in ("disconnected", "rejected") for r in leavers), leavers
     assert c["disconnected"] >= 1, leavers
     assert c["answered"] >= 4
-    serving = report["serving"]  # the 6 sessions not left on purpose
-    assert serving["completed"] == c["answered"] and serving["failed"] == 8 - 2 - c["answered"]
+    serving = report["serving"]  # the sessions that did not leave (a leaver refused first is one)
+    assert serving["completed"] == c["answered"]
+    assert serving["failed"] == c["offered"] - c["disconnected"] - c["answered"]
     assert serving["median_ttft_ms"] > 0 and serving["p99_e2el_ms"] >= serving["median_e2el_ms"]
 
 
@@ -75,8 +81,10 @@ def test_killed_replica_is_dropped_by_serves_controller(report):
     kill = report["kill"]
     assert kill["killed"] is True, kill
     assert kill["dropped_by_controller_s"] is not None, kill  # dropped within 60 s
-    if kill["was_routable"]:  # the one ingress's router stopped routing to it (within 30 s)
-        assert kill["left_routers_s"] and all(isinstance(s, float) for s in kill["left_routers_s"].values()), kill
+    if kill["was_routable"]:  # each ingress's router stopped routing to it (within 30 s), or never
+        # listed it (a router made after the kill, e.g. the one of an ingress that replaced another)
+        left = kill["left_routers_s"]
+        assert left and all(isinstance(s, float) or s == "never listed" for s in left.values()), kill
     # Whether a session was still open on the victim depends on timing (the count it was chosen by is
     # up to a report interval old), so recovery is not asserted here: none lost and none failed
     # (above) is; tests/test_pipeline_http.py checks a recovery after a kill deterministically.
