@@ -367,7 +367,7 @@ def engine_entry(data: dict) -> dict:
 def engine_policies(data: dict) -> str:
     """Policies on the real CPU engine (`policies.json` workloads.crawler.engine), every stored run."""
     e = engine_entry(data)
-    runs = [*e.get("earlier_runs", []), e]
+    runs = [*reversed(e.get("earlier_runs", [])), e]  # earlier_runs is newest first; print oldest first
     parts = []
     for i, run in enumerate(runs, 1):
         commit = (run.get(META_KEY) or {}).get("commit")
