@@ -215,11 +215,14 @@ async def _left_routers_s(http: httpx.AsyncClient, base: str, replica_id: str, k
                           timeout_s: float = 30.0) -> dict[str, float | str | None]:
     """Per ingress replica: seconds from the kill until its router stopped routing to the replica
     (`pipeline.routing_exits`, shown in /v1/cluster); "never listed" for a router that did not list
-    it (an ingress started after the kill); None for one still listing it after `timeout_s`. Polls
-    /v1/cluster (the proxy spreads the polls over the ingress replicas) until every running
-    ingress has answered with one of the first two, or the timeout."""
+    it (an ingress started after the kill); "ingress gone" for one that last answered listing it
+    and then left the running ingresses (killed: its router went with it, when it let go is
+    unknown); None for one still listing it after `timeout_s`. Polls /v1/cluster (the proxy spreads
+    the polls over the ingress replicas) until every running ingress has answered with a float or
+    "never listed", or the timeout."""
     left: dict[str, float | str | None] = {}
     deadline = time.monotonic() + timeout_s
+    ingresses = ()
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
             routing = (await http.get(f"{base}/v1/cluster")).json()["routing"]
@@ -230,7 +233,7 @@ async def _left_routers_s(http: httpx.AsyncClient, base: str, replica_id: str, k
         if ingresses and all(left.get(i) is not None for i in ingresses):
             break
         await asyncio.sleep(0.1)
-    return left
+    return {i: "ingress gone" if s is None and ingresses and i not in ingresses else s for i, s in left.items()}
 
 
 async def kill_busiest_replica(http: httpx.AsyncClient, base: str, t0: float, deadline_s: float,

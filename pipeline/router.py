@@ -9,15 +9,23 @@ the ingress replays the session's context there (recovery).
 
 Only a replica the router has never listed is waited for (one just started); one it listed
 before and no longer lists is gone, and calls for it fall back at once: a dead replica never
-stalls routing. Each process records when its routers stopped routing to a replica
-(`pipeline.routing_exits`: Serve's controller dropped it, or a call found its actor dead); the
-ingress shows them in /v1/cluster, and the reliability drills time them per ingress.
+stalls routing. Nor does the router wait for Serve's controller to say a replica died: that update
+reaches a router by long poll and was seen to arrive 8-30 s late at a router made shortly before
+the death, while Ray core in the same process knows of it within ~0.1 s. So every DEATH_CHECK_S the
+router drops each replica whose actor Ray's local view (no RPC) reports dead, and it never lets a
+late controller update list such a replica again. Each process records when its routers stopped
+routing to a replica (`pipeline.routing_exits`: Ray reported its actor dead, Serve's controller
+dropped it, or a call found it dead); the ingress shows them in /v1/cluster, and the reliability
+drills time them per ingress.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+import weakref
 
+from ray.core.generated import gcs_pb2  # a module: Serve's by-value pickling of this file imports it by name
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from pipeline import routing_exits
@@ -29,6 +37,16 @@ from pipeline import routing_exits
 # (the other replica answers SessionNotFound -> recovery).
 OPEN_WAIT_S = 15.0
 SEEN_MAX = 4096  # replica ids remembered (a bounded set: a long-lived router sees many replicas)
+DEATH_CHECK_S = 0.5
+
+
+def actor_dead(replica: RunningReplica) -> bool:
+    """Ray core's view, in this process, of the replica's actor: a local lookup, no RPC. It is DEAD
+    from ~0.1 s after the death once this process has called the actor (Serve's router probes every
+    replica it is given); unknown (not dead) before."""
+    handle = getattr(replica, "_actor_handle", None)  # Serve's wrapper keeps the handle private
+    local_state = getattr(handle, "_get_local_state", None)
+    return local_state is not None and local_state() == gcs_pb2.ActorTableData.DEAD
 
 
 def _free_blocks(replica: RunningReplica) -> int:
@@ -48,7 +66,10 @@ def rank_for_request(candidates: list[RunningReplica], target: str | None) -> li
 
 class AffinityRouter(RequestRouter):
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        if getattr(self, "_death_watch", None) is None:
+            self._death_watch = self._event_loop.create_task(_drop_dead_replicas(weakref.ref(self)))
         before = {replica_id.unique_id for replica_id in self.curr_replicas}
+        replicas = [r for r in replicas if not actor_dead(r)]  # a late update may still list one
         super().update_replicas(replicas)
         now = {r.replica_id.unique_id for r in replicas}
         routing_exits.note(before - now)
@@ -85,3 +106,13 @@ def _waits_for(request: PendingRequest, target: str, candidates: list[RunningRep
         return False
     opening = request.metadata.call_method == "open_session"
     return opening and time.time() - request.created_at < OPEN_WAIT_S
+
+
+async def _drop_dead_replicas(router_ref: weakref.ref) -> None:
+    """Every DEATH_CHECK_S, drop the replicas whose actor Ray reports dead (see module doc). Holds
+    the router weakly: the loop ends when the router is gone."""
+    while (router := router_ref()) is not None:
+        for replica in [r for r in router.curr_replicas.values() if actor_dead(r)]:
+            router.on_replica_actor_died(replica.replica_id)
+        del router
+        await asyncio.sleep(DEATH_CHECK_S)
