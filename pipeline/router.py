@@ -10,7 +10,7 @@ the ingress replays the session's context there (recovery).
 Only a replica the router has never listed is waited for (one just started); one it listed
 before and no longer lists is gone, and calls for it fall back at once: a dead replica never
 stalls routing. Nor does the router wait for Serve's controller to say a replica died: that update
-reaches a router by long poll and was seen to arrive 8-30 s late at a router made shortly before
+reaches a router by long poll and was seen to arrive 8-15 s late at a router made shortly before
 the death, while Ray core in the same process knows of it within ~0.1 s. So every DEATH_CHECK_S the
 router drops each replica whose actor Ray's local view (no RPC) reports dead, and it never lets a
 late controller update list such a replica again. Each process records when its routers stopped
