@@ -250,7 +250,9 @@ class PolicySchedulerMixin:
         if is_new:
             self.book.open(request)
         else:  # a later turn: applied now (`_update_request_as_session`) or queued behind the current one
-            self.book.mark(self.requests[request.request_id])
+            session = self.requests.get(request.request_id)
+            if session is not None:  # the end of its input can finish an idle session right here
+                self.book.mark(session)
 
     def _free_request(self, request, *args, **kwargs):
         """Every finished request passes here: no per-request entry outlives it.

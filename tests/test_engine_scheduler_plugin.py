@@ -196,3 +196,16 @@ def test_async_scheduler_variant_runs_the_same_plan():
     d.turn("x", 20)
     d.run_until(lambda: _idle(d, "x"))
     assert s.num_waiting_for_streaming_input == 0
+
+
+def test_a_session_whose_input_ends_while_idle_finishes_cleanly():
+    """The end of a parked session's input can finish it inside vLLM's `add_request`; the plug-in's
+    bookkeeping after that call must not expect the request to be there (a KeyError there killed the
+    engine core in a demo run)."""
+    s = make_scheduler(StreamingScheduler, "default_vllm", num_blocks=64, max_num_seqs=4)
+    d = Driver(s)
+    d.turn("idle", 20)
+    d.run_until(lambda: "idle" in s.parked)
+    d.end("idle")
+    d.run_until(lambda: "idle" not in s.requests)
+    assert len(s.book) == 0 and not s.parked
