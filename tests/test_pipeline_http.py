@@ -96,7 +96,7 @@ def test_delete_frees_the_session(base):
     append(base, s["session_id"], "context to throw away " * 20)
     assert httpx.delete(f"{base}/v1/streams/{s['session_id']}", timeout=30).status_code == 204
     assert httpx.delete(f"{base}/v1/streams/{s['session_id']}", timeout=30).status_code == 404
-    wait_until(lambda: s["session_id"] not in sessions_everywhere(base), timeout=10)
+    wait_until(lambda: s["session_id"] not in sessions_everywhere(base), timeout=30)
 
 
 # ---- /v1/rag --------------------------------------------------------------------------------
@@ -300,16 +300,16 @@ def test_client_disconnect_mid_answer_aborts_and_frees_kv(base):
         for line in r.iter_lines():
             if line.startswith("event: token"):
                 break  # leaving the block closes the connection mid-answer
-    wait_until(lambda: s["session_id"] not in sessions_everywhere(base), timeout=15)
+    wait_until(lambda: s["session_id"] not in sessions_everywhere(base), timeout=45)
     wait_until(lambda: all(r["sessions_active"] + r["sessions_idle"] == 0 and r["kv_blocks_used"] == 0
-                           for r in cluster_view(base)["replicas"].values()), timeout=15)
+                           for r in cluster_view(base)["replicas"].values()), timeout=45)
 
 
 def test_idle_session_expires_after_ttl(base):
     s = open_stream(base)
     append(base, s["session_id"], "abandoned " * 50)
     wait_until(lambda: s["session_id"] in sessions_everywhere(base), timeout=5)
-    wait_until(lambda: s["session_id"] not in sessions_everywhere(base), timeout=20)
+    wait_until(lambda: s["session_id"] not in sessions_everywhere(base), timeout=45)
     wait_until(lambda: httpx.get(f"{base}/v1/streams/{s['session_id']}").status_code == 404, timeout=10)
 
 
@@ -320,7 +320,7 @@ def test_central_actor_restart_rebuilds_view_and_keeps_sessions(base):
     before = ray.get(actor.ping.remote())["started_at"]
     ray.kill(actor, no_restart=False)
     wait_until(lambda: _restarted(actor, before), timeout=30)
-    wait_until(lambda: s["session_id"] in sessions_everywhere(base), timeout=15)
+    wait_until(lambda: s["session_id"] in sessions_everywhere(base), timeout=45)
     assert cluster_view(base)["pressure"]["sessions"] >= 1
     assert finish(base, s["session_id"])[-1][0] == "final"
 
