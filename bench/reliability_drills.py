@@ -10,7 +10,8 @@ A client whose stream is cut after the answer began reconnects with Last-Event-I
 answer, nothing run again: `resumed`); one cut before any answer event, or refused by Serve's proxy
 with no ingress answering (5xx), asks again once, as a user would (`reasked`: retrieval and
 generation run again). Either is counted; neither hides a loss: a
-session is lost only when no attempt brought a final event.
+session is lost only when no attempt brought a final event. A client planned to leave that is
+refused with 429 asks again (up to `LEAVER_ASKS` times): the drill is its disconnect.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from stream2llm.data.traces import PromptMode
 MEMORY_INTERVAL_S = 1.0
 APP = AppConfig.model_fields["name"].default  # the bench runs the app under its default name
 RESUME_ATTEMPTS = 3
+LEAVER_ASKS, LEAVER_RETRY_S = 3, 2.0  # a planned leaver refused with 429 asks up to 3 times, 2 s apart
 
 
 # ---- one session ------------------------------------------------------------------------------
@@ -103,6 +105,13 @@ async def _attempt(http: httpx.AsyncClient, base: str, plan) -> tuple[RagResult,
 async def _one(http: httpx.AsyncClient, base: str, plan) -> tuple[RagResult, bool, RagResult | None]:
     """The result, whether the client left on purpose, and the first attempt when it asked again."""
     result, left = await _attempt(http, base, plan)
+    refused = 1
+    while plan.leave_on is not None and result.status == 429 and refused < LEAVER_ASKS:
+        # a leaver exists to drive the disconnect path: refused under load, it asks again later
+        await asyncio.sleep(LEAVER_RETRY_S)
+        first_sent = result.sent_at
+        result, left = await _attempt(http, base, plan)
+        result.sent_at, refused = first_sent, refused + 1
     if left or not _cut_before_answer(result):
         return result, left, None
     again, left = await _attempt(http, base, plan)

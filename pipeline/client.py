@@ -51,17 +51,27 @@ class EngineClient:
         """Admit and open a session; `owner`: the ingress actor that alone drives it (its replica
         aborts the session once that actor is gone), None for sessions any ingress may serve."""
         session_id, replica_id = await self.admit(source_type)
+        session = SessionLog(session_id, source_type, replica_id, owner=owner)
+        await self._open_on(session, replica_id)
+        return session
+
+    async def _open_on(self, session: SessionLog, replica_id: str) -> None:
+        """Open `session` on the replica the central scheduler placed it on. It lives where the open
+        landed: a router that could not use the placed replica (just started and not yet listed,
+        or busy) sends the open to another one, and every later call must follow it there."""
+        session.replica_id = replica_id  # from now on an abort (a cut-off caller) goes to this replica
         try:
-            info = await self._handle.open_session.remote(session_id, source_type, owner, route_to=replica_id)
+            info = await self._handle.open_session.remote(session.session_id, session.source_type, session.owner,
+                                                          route_to=replica_id)
         except BaseException:
             # A caller cut off (client disconnect) does not undo an open that reached the replica:
             # close it there too, or it holds its slot and KV until the replica's idle TTL.
-            cleanup(self.abort_quietly(SessionLog(session_id, source_type, replica_id)))
+            cleanup(self.abort_quietly(SessionLog(session.session_id, session.source_type, replica_id)))
             raise
         if info["replica_id"] != replica_id:  # routed elsewhere: its holder's next report adopts it
-            log.warning("session %s opened on %s, not on %s", session_id, info["replica_id"], replica_id)
-            self._central.release(session_id)
-        return SessionLog(session_id, source_type, info["replica_id"], info["node_id"], owner=owner)
+            log.warning("session %s opened on %s, not on %s", session.session_id, info["replica_id"], replica_id)
+            self._central.release(session.session_id)
+        session.replica_id, session.node_id = info["replica_id"], info["node_id"]
 
     async def add(self, session: SessionLog, op: ContextOp, text: str) -> int:
         """Append or replace context; the op is logged only once the replica accepted it."""
@@ -97,17 +107,14 @@ class EngineClient:
             self._central.replica_died(old)
             await self._scheduler.replica_died.remote(old)
         _, replica_id = await self.admit(session.source_type, exclude=[old], session_id=session.session_id)
-        session.replica_id = replica_id  # from now on an abort (a cut-off caller) goes to the new replica
-        info = await self._handle.open_session.remote(session.session_id, session.source_type, session.owner,
-                                                      route_to=replica_id)
-        session.replica_id, session.node_id = info["replica_id"], info["node_id"]
+        await self._open_on(session, replica_id)
         if session.retrieval_done:
             async for name, data in self._context_stream(session, session.retrieval):
                 if name == "context":
                     session.context_tokens = data["context_tokens"]
-        for op, text in session.replay_ops():
+        for op, text in session.replay_ops():  # to where the open landed, not where it was placed
             session.context_tokens = await self._handle.change_context.remote(session.session_id, op, text,
-                                                                              route_to=replica_id)
+                                                                              route_to=session.replica_id)
         session.recovered += 1
 
     def _context_stream(self, session: SessionLog, call):

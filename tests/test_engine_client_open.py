@@ -1,10 +1,18 @@
-"""The ingress's `EngineClient.open` when its caller is cut off while the replica opens the session
-(a client disconnect): the open that reached the replica is closed there again, not left to the
-replica's idle TTL. Stand-ins for the Serve handle and the central actor (the logic above them)."""
+"""The ingress's `EngineClient` opening sessions, with stand-ins for the Serve handle and the central
+actor (the logic above them):
+- a caller cut off while the replica opens the session (a client disconnect): the open that reached
+  the replica is closed there again, not left to the replica's idle TTL;
+- a recovery whose open lands on another replica than the one it was placed on (the router could
+  not use a replica just started): the replayed context follows the open (a kill drill failed a
+  session on this: the replay went to the placed replica, which answered "not open").
+"""
 
 import asyncio
 
+from engine.api import SessionNotFoundError
 from pipeline.client import EngineClient
+from pipeline.sessions import SessionLog
+from stream2llm.data.traces import ContextOp
 
 
 class _Method:
@@ -63,3 +71,48 @@ def test_an_open_cut_short_after_the_replica_opened_is_aborted_there():
     assert not replica.open_sessions
     (session_id, route_to), = replica.aborted
     assert route_to == "r1" and central.released == [session_id]
+
+
+class _Replicas:
+    """Every open placed on "placed" lands on "other"; context goes only where a session is open."""
+
+    def __init__(self):
+        self.opened, self.context = {}, []
+        self.open_session = _Method(self._open)
+        self.change_context = _Method(self._change)
+
+    async def _open(self, session_id, source_type, owner, route_to):
+        landed = "other" if route_to == "placed" else route_to
+        self.opened[session_id] = landed
+        return {"replica_id": landed, "node_id": "n"}
+
+    async def _change(self, session_id, op, text, route_to):
+        if self.opened.get(session_id) != route_to:
+            raise SessionNotFoundError(f"session {session_id!r} is not open on replica {route_to}")
+        self.context.append((route_to, text))
+        return len(self.context)
+
+
+class _PlacingCentral(_Central):
+    async def _batch(self, releases, asks, *slot_traffic):
+        self.released += [sid for sid, _ in releases]
+        return {"decisions": [{"replica_id": "placed"} for _ in asks], "slots": {}, "slot_s": 2.0, "closed": []}
+
+
+def test_a_recovery_replays_to_the_replica_its_open_landed_on():
+    replicas, central = _Replicas(), _PlacingCentral()
+    client = EngineClient(replicas, central, admission_timeout_s=1.0, context_limit=100)
+    session = SessionLog("s1", "client", "lost")
+    session.ops = [(ContextOp.APPEND, "first "), (ContextOp.APPEND, "second")]
+
+    async def scenario():
+        await client.recover(session, dead=False)
+        for _ in range(100):  # the release is batched: let the flush run
+            if central.released:
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    assert session.replica_id == "other" and session.recovered == 1
+    assert [where for where, _ in replicas.context] == ["other", "other"]
+    assert central.released == ["s1"]  # the placement on "placed" is given back; "other" adopts it
