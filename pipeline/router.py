@@ -7,13 +7,16 @@ most free KV blocks according to `record_routing_stats`. When the named replica 
 scaled down) the call goes to the best other replica, which answers `SessionNotFoundError`, and
 the ingress replays the session's context there (recovery).
 
-Only a replica the router has never listed is waited for (one just started); one it listed
-before and no longer lists is gone, and calls for it fall back at once: a dead replica never
-stalls routing. Nor does the router wait for Serve's controller to say a replica died: that update
-reaches a router by long poll and was seen to arrive 8-15 s late at a router made shortly before
-the death, while Ray core in the same process knows of it within ~0.1 s. So every DEATH_CHECK_S the
-router drops each replica whose actor Ray's local view (no RPC) reports dead, and it never lets a
-late controller update list such a replica again. Each process records when its routers stopped
+Only a replica the router has never listed is waited for (one just started), and only by the
+call that opens a session; the wait lets Serve back off between tries (`should_backoff`), so the
+router's event loop keeps routing other calls and taking the controller's updates meanwhile
+(without it Serve retried at once and the loop spun for the whole wait: every update to that
+process's routers came up to 15 s late, the "late long poll" seen in earlier kill drills). One it
+listed before and no longer lists is gone, and calls for it fall back at once: a dead replica never
+stalls routing. Nor does the router wait for Serve's controller to say a replica died: Ray core in
+the same process knows of it within ~0.1 s, the controller's health check later. So every
+DEATH_CHECK_S the router drops each replica whose actor Ray's local view (no RPC) reports dead,
+and it never lets a later controller update list such a replica again. Each process records when its routers stopped
 routing to a replica (`pipeline.routing_exits`: Ray reported its actor dead, Serve's controller
 dropped it, or a call found it dead); the ingress shows them in /v1/cluster, and the reliability
 drills time them per ingress.
@@ -84,6 +87,10 @@ class AffinityRouter(RequestRouter):
         seen = self._seen_ids(candidate_replicas)
         target = None
         if pending_request is not None:
+            # Every answer here ranks all replicas (Serve's locality mixins say so the same way):
+            # without it Serve retries an empty answer at once, with no await, and a wait below
+            # spins the router's event loop for OPEN_WAIT_S (see module doc).
+            pending_request.routing_context.should_backoff = True
             target = pending_request.kwargs.get("route_to")
             if target and _waits_for(pending_request, target, candidate_replicas, seen):
                 return []  # Serve backs off and asks again with a fresh candidate list

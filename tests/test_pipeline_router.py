@@ -1,14 +1,21 @@
-"""The engine router's own liveness check (`pipeline.router.actor_dead`) on a real Ray actor: Ray
-core's local view in this process, which the router uses to drop a dead replica without waiting for
-Serve's controller update (the drills time the whole path per ingress)."""
+"""The engine's request router (`pipeline.router`) on real Ray:
+- its own liveness check (`actor_dead`): Ray core's local view in this process, which the router
+  uses to drop a dead replica without waiting for Serve's controller update (the drills time the
+  whole path per ingress);
+- under real Serve: an open waiting for a replica the router has not listed yet (`OPEN_WAIT_S`)
+  holds only that call; other calls from the same process are routed meanwhile (the wait once spun
+  the router's event loop: every call and every replica-list update of the process stalled).
+"""
 
 import time
 from types import SimpleNamespace
 
 import pytest
 import ray
+from ray import serve
+from ray.serve.config import RequestRouterConfig
 
-from pipeline.router import actor_dead
+from pipeline.router import AffinityRouter, actor_dead
 
 
 @ray.remote(num_cpus=0)
@@ -40,3 +47,46 @@ def test_a_killed_replica_reads_dead_locally_and_a_live_one_does_not(local_ray):
 
 def test_a_wrapper_without_a_handle_is_not_taken_for_dead():
     assert not actor_dead(SimpleNamespace())  # a Serve version that renames the field: no false drop
+
+
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0},
+                  request_router_config=RequestRouterConfig(request_router_class=AffinityRouter))
+class _Sessions:
+    def __init__(self):
+        self.opened = 0
+
+    def open_session(self, session_id: str, route_to=None) -> str:
+        self.opened += 1
+        return session_id
+
+    def opened_so_far(self, route_to=None) -> int:
+        return self.opened
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class _Caller:
+    """Calls from one process (one router), each in its own request: Serve matches routed calls to
+    requests by request id, so two calls of one request would not be two independent calls."""
+
+    def __init__(self, sessions):
+        self.sessions = sessions
+
+    async def open_on_an_unlisted_replica(self) -> str:
+        return await self.sessions.open_session.remote("s1", route_to="a-replica-not-listed-yet")
+
+    async def opened_so_far(self) -> int:
+        return await self.sessions.opened_so_far.remote()
+
+
+def test_an_open_waiting_for_an_unlisted_replica_does_not_hold_other_calls(local_ray):
+    handle = serve.run(_Caller.bind(_Sessions.bind()), name="router_wait", route_prefix=None)
+    try:
+        assert handle.opened_so_far.remote().result(timeout_s=120) == 0  # the router lists the replica
+        opening = handle.open_on_an_unlisted_replica.remote()
+        time.sleep(1.0)  # the open is in its wait (OPEN_WAIT_S, 15 s)
+        # another call from the same process was routed and answered while the open still waited
+        assert handle.opened_so_far.remote().result(timeout_s=120) == 0
+        assert opening.result(timeout_s=120) == "s1"  # its wait over, it fell back to the replica there is
+    finally:
+        serve.delete("router_wait")
+        serve.shutdown()
