@@ -13,7 +13,8 @@ ingress reported still listing the dead engine replica, in a later such run the 
 itself, now reported "ingress gone"; both leavers refused with 429, so none left: leavers now ask
 again). With the routers' own liveness check (`pipeline/router.py`) it passed 14 runs in a row;
 of 18 more, one failed: a recovery replayed its context to the replica it was placed on while its
-open had landed on another (`EngineClient.recover`, fixed); the 12 runs after that fix passed. Ingress kills are also tested deterministically in
+open had landed on another (`EngineClient.recover`, fixed); the 8 runs after that fix passed, and
+5 more after the router fix (`pipeline/router.py`: an open's wait no longer spins its event loop). Ingress kills are also tested deterministically in
 tests/test_pipeline_ingress.py. How fast the controller drops a replica is a
 benchmark figure (`python -m bench.reliability`: `kill.dropped_by_controller_s`, and per ingress
 router `kill.left_routers_s`), not asserted here.
