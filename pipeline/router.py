@@ -16,10 +16,10 @@ listed before and no longer lists is gone, and calls for it fall back at once: a
 stalls routing. Nor does the router wait for Serve's controller to say a replica died: Ray core in
 the same process knows of it within ~0.1 s, the controller's health check later. So every
 DEATH_CHECK_S the router drops each replica whose actor Ray's local view (no RPC) reports dead,
-and it never lets a later controller update list such a replica again. Each process records when its routers stopped
-routing to a replica (`pipeline.routing_exits`: Ray reported its actor dead, Serve's controller
-dropped it, or a call found it dead); the ingress shows them in /v1/cluster, and the reliability
-drills time them per ingress.
+and it never lets a later controller update list such a replica again. Each process records
+when its routers stopped routing to a replica (`pipeline.routing_exits`: Ray reported its actor
+dead, Serve's controller dropped it, or a call found it dead); the ingress shows them in
+/v1/cluster, and the reliability drills time them per ingress.
 """
 
 from __future__ import annotations
