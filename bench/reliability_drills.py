@@ -105,13 +105,12 @@ async def _attempt(http: httpx.AsyncClient, base: str, plan) -> tuple[RagResult,
 async def _one(http: httpx.AsyncClient, base: str, plan) -> tuple[RagResult, bool, RagResult | None]:
     """The result, whether the client left on purpose, and the first attempt when it asked again."""
     result, left = await _attempt(http, base, plan)
-    refused = 1
-    while plan.leave_on is not None and result.status == 429 and refused < LEAVER_ASKS:
+    first_sent, asks = result.sent_at, 1
+    while plan.leave_on is not None and result.status == 429 and asks < LEAVER_ASKS:
         # a leaver exists to drive the disconnect path: refused under load, it asks again later
         await asyncio.sleep(LEAVER_RETRY_S)
-        first_sent = result.sent_at
         result, left = await _attempt(http, base, plan)
-        result.sent_at, refused = first_sent, refused + 1
+        result.sent_at, asks = first_sent, asks + 1
     if left or not _cut_before_answer(result):
         return result, left, None
     again, left = await _attempt(http, base, plan)

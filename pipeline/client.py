@@ -57,8 +57,8 @@ class EngineClient:
 
     async def _open_on(self, session: SessionLog, replica_id: str) -> None:
         """Open `session` on the replica the central scheduler placed it on. It lives where the open
-        landed: a router that could not use the placed replica (just started and not yet listed,
-        or busy) sends the open to another one, and every later call must follow it there."""
+        landed: a router that cannot use the placed replica (one it has not listed within
+        `pipeline.router.OPEN_WAIT_S`, or one that died) sends the open to another, and every later call follows."""
         session.replica_id = replica_id  # from now on an abort (a cut-off caller) goes to this replica
         try:
             info = await self._handle.open_session.remote(session.session_id, session.source_type, session.owner,
@@ -66,7 +66,7 @@ class EngineClient:
         except BaseException:
             # A caller cut off (client disconnect) does not undo an open that reached the replica:
             # close it there too, or it holds its slot and KV until the replica's idle TTL.
-            cleanup(self.abort_quietly(SessionLog(session.session_id, session.source_type, replica_id)))
+            cleanup(self.abort_quietly(session))
             raise
         if info["replica_id"] != replica_id:  # routed elsewhere: its holder's next report adopts it
             log.warning("session %s opened on %s, not on %s", session.session_id, info["replica_id"], replica_id)

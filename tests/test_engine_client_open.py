@@ -40,13 +40,15 @@ class _Replica:
 
 
 class _Central:
-    def __init__(self):
-        self.released = []
+    """Places every session on `placed`; records releases."""
+
+    def __init__(self, placed: str = "r1"):
+        self.placed, self.released = placed, []
         self.batch = _Method(self._batch)
 
     async def _batch(self, releases, asks, *slot_traffic):
         self.released += [sid for sid, _ in releases]
-        return {"decisions": [{"replica_id": "r1"} for _ in asks], "slots": {}, "slot_s": 2.0, "closed": []}
+        return {"decisions": [{"replica_id": self.placed} for _ in asks], "slots": {}, "slot_s": 2.0, "closed": []}
 
 
 def test_an_open_cut_short_after_the_replica_opened_is_aborted_there():
@@ -93,14 +95,8 @@ class _Replicas:
         return len(self.context)
 
 
-class _PlacingCentral(_Central):
-    async def _batch(self, releases, asks, *slot_traffic):
-        self.released += [sid for sid, _ in releases]
-        return {"decisions": [{"replica_id": "placed"} for _ in asks], "slots": {}, "slot_s": 2.0, "closed": []}
-
-
 def test_a_recovery_replays_to_the_replica_its_open_landed_on():
-    replicas, central = _Replicas(), _PlacingCentral()
+    replicas, central = _Replicas(), _Central(placed="placed")
     client = EngineClient(replicas, central, admission_timeout_s=1.0, context_limit=100)
     session = SessionLog("s1", "client", "lost")
     session.ops = [(ContextOp.APPEND, "first "), (ContextOp.APPEND, "second")]
