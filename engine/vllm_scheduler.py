@@ -124,9 +124,11 @@ class PolicySchedulerMixin:
 
         The planner is consulted only when this step could need an eviction: vLLM's queues hold
         every request with work (idle sessions are parked), and a step allocates at most one block
-        per `block_size` tokens of its budget plus one partial block per request it schedules, so
-        when that many blocks are free the planner would evict nothing. The fast path costs in
-        proportion to the requests that changed, not to the open sessions.
+        per `block_size` tokens of its budget plus one partial block per request it schedules, and
+        admits a waiting request only when the blocks of its whole sequence are free
+        (`_blocks_short`), so when that many blocks are free the planner would evict nothing. The
+        fast path costs in proportion to the requests with work and those that changed, not to the
+        open sessions.
         """
         book = self.book
         # The fast path sorts only vLLM's queues: parked (idle) sessions are in none, and the
@@ -137,7 +139,7 @@ class PolicySchedulerMixin:
         if not with_work:
             return
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
-        blocks_short = free < self.step_budget.max_num_tokens // self.block_size + 1 + with_work
+        blocks_short = self._blocks_short(free, with_work)
         if blocks_short:
             decision = plan_step(book.ordered(), _StepBlocks(free, book.views), self.step_budget)
             now = time.monotonic()
@@ -147,6 +149,32 @@ class PolicySchedulerMixin:
             self._order_queues()
             if self.step_budget.early_prefill_tokens is not None:
                 self._hold_back_early_prefill()
+
+    def _blocks_short(self, free: int, with_work: int) -> bool:
+        """Whether this step may want more than `free` blocks (then the planner is asked).
+
+        A step allocates at most its token budget's worth of blocks plus a partial block per
+        request. Under vLLM's whole-sequence admission a waiting request is admitted only when the
+        blocks of its whole sequence (beyond those it holds) are free at that point of the step,
+        though it allocates only its chunk's: a complete request back from eviction needs its whole
+        prompt's blocks, far more than a step's budget, and were the planner not asked to evict for
+        it, vLLM would spin with nothing to schedule. So the step wants at most the budget's blocks
+        plus the largest such whole-sequence need; no sequence needs more than `max_model_len`'s
+        blocks, so with that many free the waiting queues are not read at all.
+        """
+        base = self.step_budget.max_num_tokens // self.block_size + 1 + with_work
+        if base > free or not self.step_budget.admit_whole_sequence:
+            return base > free
+        block_size = self.block_size
+        if base + -(-self.max_model_len // block_size) <= free:
+            return False
+        views, room = self.book.views, free - base
+        for queue in (self.kv_holding_waiting, self.waiting):
+            for request in queue:
+                view = views[request.request_id]
+                if -(-view.num_known_tokens // block_size) - view.num_kv_blocks > room:
+                    return True
+        return False
 
     def _order_decides(self, with_work: int) -> bool:
         """False when vLLM schedules every queued request whole this step in any order: their

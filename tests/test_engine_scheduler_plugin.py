@@ -209,3 +209,20 @@ def test_a_session_whose_input_ends_while_idle_finishes_cleanly():
     d.end("idle")
     d.run_until(lambda: "idle" not in s.requests)
     assert len(s.book) == 0 and not s.parked
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_prompt_whose_whole_sequence_needs_idle_memory_is_admitted(policy):
+    # Free blocks cover a step's budget (the plug-in's fast path), not the prompt's whole sequence,
+    # which vLLM wants free before it admits it: the planner must still be asked to evict for it.
+    s = make_scheduler(StreamingScheduler, policy, num_blocks=41, max_num_seqs=8)  # 40 + null block
+    d = Driver(s)
+    d.turn("a", 12 * BS)
+    d.turn("b", 8 * BS)
+    d.run_until(lambda: _idle(d, "a") and _idle(d, "b"))
+    free = s.kv_cache_manager.block_pool.get_num_free_blocks()
+    assert free >= s.step_budget.max_num_tokens // BS + 3  # the step's own need fits
+    d.turn("q", 30 * BS, final(2), resumable=False)  # its whole sequence: 31 blocks
+    d.run_until(lambda: "q" not in s.requests, max_steps=50)
+    assert d.outputs["q"] == [7, 7]
+    assert any(s.requests[rid].num_computed_tokens == 0 for rid in ("a", "b"))
