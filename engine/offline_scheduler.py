@@ -32,12 +32,12 @@ def final(max_tokens: int = 2) -> SamplingParams:
 
 
 def make_scheduler(scheduler_cls, policy: str, num_blocks: int = 64, max_num_seqs: int = 4,
-                   budget: int = 256, log_stats: bool = False) -> Scheduler:
+                   budget: int = 256, log_stats: bool = False, watermark: float = 0.0) -> Scheduler:
     path = resolve_model("tiny")
     model = ModelConfig(model=path, tokenizer=path, max_model_len=2048, dtype="float32",
                         skip_tokenizer_init=True)
     sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=2048,
-                            is_encoder_decoder=False)
+                            is_encoder_decoder=False, watermark=watermark)
     cache = CacheConfig(block_size=BS, enable_prefix_caching=True)
     cache.num_gpu_blocks = num_blocks
     config = VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched,

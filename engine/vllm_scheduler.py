@@ -26,7 +26,9 @@ calls, and applies its decision to vLLM:
 vLLM's block rules are the planner's in the plug-in (`StepBudget.whole_chunks`,
 `admit_whole_sequence`): a chunk is cut to the token budget, never to free memory, a waiting
 request is admitted only when its whole sequence fits, and admission stops at the first that does
-not, so the planner makes room for what vLLM will schedule. Where vLLM's structure still differs
+not, so the planner makes room for what vLLM will schedule; while anything runs, vLLM's admission
+watermark (`watermark`, 0 by default) is taken off the free blocks the planner sees, as vLLM keeps
+it free of admissions then. Where vLLM's structure still differs
 from the simulator, which applies the decision as is: vLLM schedules its running list before any
 waiting request (a waiting request ranked above a running one gets budget after it), drains waiting
 requests that hold KV before those that do not, admits no waiting request in a step where it
@@ -53,6 +55,7 @@ from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import RequestStatus
 
 from engine.vllm_sessions import SessionParkingMixin
+from engine.vllm_step_blocks import StepBlocks, free_for_planner, may_want_more_than
 from engine.vllm_views import RECOMPUTED_KEY, ViewBook
 from scheduler.planner import StepBudget, plan_step
 from scheduler.policies import make_policy
@@ -65,27 +68,6 @@ _RUNNING = RequestStatus.RUNNING
 def scheduler_additional_config(config) -> dict:
     """The `additional_config` entries the plug-in reads, for an `engine.config.EngineConfig`."""
     return {POLICY_KEY: config.policy}
-
-
-class _StepBlocks:
-    """vLLM's free blocks as the planner's `BlockManager`: arithmetic only, vLLM allocates."""
-
-    def __init__(self, num_free: int, views: dict):
-        self._free, self._views = num_free, views
-
-    def num_free(self) -> int:
-        return self._free
-
-    def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= self._free
-
-    def allocate(self, request_id: str, num_blocks: int) -> None:
-        self._free -= num_blocks
-
-    def free(self, request_id: str, num_blocks: int | None = None) -> int:
-        count = self._views[request_id].num_kv_blocks if num_blocks is None else num_blocks
-        self._free += count
-        return count
 
 
 class PolicySchedulerMixin:
@@ -126,7 +108,7 @@ class PolicySchedulerMixin:
         every request with work (idle sessions are parked), and a step allocates at most one block
         per `block_size` tokens of its budget plus one partial block per request it schedules, and
         admits a waiting request only when the blocks of its whole sequence are free
-        (`_blocks_short`), so when that many blocks are free the planner would evict nothing. The
+        (`engine.vllm_step_blocks`), so when that many blocks are free the planner would evict nothing. The
         fast path costs in proportion to the requests with work and those that changed, not to the
         open sessions.
         """
@@ -138,10 +120,10 @@ class PolicySchedulerMixin:
         with_work = len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)
         if not with_work:
             return
-        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
-        blocks_short = self._blocks_short(free, with_work)
+        free = free_for_planner(self)
+        blocks_short = may_want_more_than(self, free, with_work)
         if blocks_short:
-            decision = plan_step(book.ordered(), _StepBlocks(free, book.views), self.step_budget)
+            decision = plan_step(book.ordered(), StepBlocks(free, book.views), self.step_budget)
             now = time.monotonic()
             for preemption in decision.preempted:
                 self._evict(self.requests[preemption.request_id], now)
@@ -149,32 +131,6 @@ class PolicySchedulerMixin:
             self._order_queues()
             if self.step_budget.early_prefill_tokens is not None:
                 self._hold_back_early_prefill()
-
-    def _blocks_short(self, free: int, with_work: int) -> bool:
-        """Whether this step may want more than `free` blocks (then the planner is asked).
-
-        A step allocates at most its token budget's worth of blocks plus a partial block per
-        request. Under vLLM's whole-sequence admission a waiting request is admitted only when the
-        blocks of its whole sequence (beyond those it holds) are free at that point of the step,
-        though it allocates only its chunk's: a complete request back from eviction needs its whole
-        prompt's blocks, far more than a step's budget, and were the planner not asked to evict for
-        it, vLLM would spin with nothing to schedule. So the step wants at most the budget's blocks
-        plus the largest such whole-sequence need; no sequence needs more than `max_model_len`'s
-        blocks, so with that many free the waiting queues are not read at all.
-        """
-        base = self.step_budget.max_num_tokens // self.block_size + 1 + with_work
-        if base > free or not self.step_budget.admit_whole_sequence:
-            return base > free
-        block_size = self.block_size
-        if base + -(-self.max_model_len // block_size) <= free:
-            return False
-        views, room = self.book.views, free - base
-        for queue in (self.kv_holding_waiting, self.waiting):
-            for request in queue:
-                view = views[request.request_id]
-                if -(-view.num_known_tokens // block_size) - view.num_kv_blocks > room:
-                    return True
-        return False
 
     def _order_decides(self, with_work: int) -> bool:
         """False when vLLM schedules every queued request whole this step in any order: their

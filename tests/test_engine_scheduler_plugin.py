@@ -226,3 +226,20 @@ def test_a_prompt_whose_whole_sequence_needs_idle_memory_is_admitted(policy):
     d.run_until(lambda: "q" not in s.requests, max_steps=50)
     assert d.outputs["q"] == [7, 7]
     assert any(s.requests[rid].num_computed_tokens == 0 for rid in ("a", "b"))
+
+
+def test_the_planner_keeps_vllms_watermark_free_for_admissions():
+    # vLLM admits a waiting request only with its watermark of blocks left over while anything
+    # runs: the planner must count it, or a prompt waits out a long decode beside idle streams
+    s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=41, max_num_seqs=8, watermark=0.25)
+    assert s.kv_cache_manager.watermark_blocks == 10
+    d = Driver(s)
+    d.turn("a", 12 * BS)
+    d.turn("b", 8 * BS)
+    d.run_until(lambda: _idle(d, "a") and _idle(d, "b"))
+    d.turn("r", BS - 4, final(40), resumable=False)  # a long decode: something runs
+    d.step()
+    d.turn("q", 10 * BS, final(2), resumable=False)  # 10 blocks: 19 are free, 10 of them the watermark
+    d.run_until(lambda: "q" not in s.requests, max_steps=30)
+    assert "r" in s.requests  # answered while the decode still runs
+    assert any(s.requests[rid].num_computed_tokens == 0 for rid in ("a", "b"))
