@@ -37,8 +37,8 @@ RESULTS = Path(__file__).parent / "results" / "policies.json"
 SHAPE = dict(mean_scrapes=3.0, search_tokens=600, page_tokens=1200, tokens_scale=0.12,
              question_tokens=16, output_tokens=8)
 CALIBRATION_SIZES = (32, 128, 256, 512, 1024)
-# Median of 3: one stalled run on a shared 2-core machine (a 1,024-token prefill once took 1.1 s
-# against 0.31 s) must not set a point of the cost model the simulator is then driven by.
+# Median of 3: one stalled run on a shared 2-core machine must not set a point of the cost model
+# the simulator is then driven by (bench/results/engine_policies_stalled_calibration.json).
 CALIBRATION_REPEATS = 3
 ONESHOT_POLICY = "default_vllm"  # complete requests only: the order barely matters
 

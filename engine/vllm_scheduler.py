@@ -108,9 +108,9 @@ class PolicySchedulerMixin:
         every request with work (idle sessions are parked), and a step allocates at most one block
         per `block_size` tokens of its budget plus one partial block per request it schedules, and
         admits a waiting request only when the blocks of its whole sequence are free
-        (`engine.vllm_step_blocks`), so when that many blocks are free the planner would evict nothing. The
-        fast path costs in proportion to the requests with work and those that changed, not to the
-        open sessions.
+        (`engine.vllm_step_blocks`), so when that many blocks are free the planner would evict
+        nothing. The fast path costs in proportion to the requests with work and those that
+        changed, not to the open sessions.
         """
         book = self.book
         # The fast path sorts only vLLM's queues: parked (idle) sessions are in none, and the

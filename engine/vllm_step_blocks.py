@@ -5,6 +5,8 @@ a vLLM `Scheduler` with the plug-in's `book` and `step_budget`."""
 
 from __future__ import annotations
 
+from scheduler.planner import blocks_after
+
 
 class StepBlocks:
     """vLLM's free blocks as the planner's `BlockManager`: arithmetic only, vLLM allocates."""
@@ -56,7 +58,7 @@ def may_want_more_than(scheduler, free: int, with_work: int) -> bool:
     views, room = scheduler.book.views, free - base
     for queue in (scheduler.kv_holding_waiting, scheduler.waiting):
         for request in queue:
-            view = views[request.request_id]
-            if -(-view.num_known_tokens // block_size) - view.num_kv_blocks > room:
+            view = views[request.request_id]  # awaiting admission: priced as the planner prices it
+            if blocks_after(view, 0, budget) - view.num_kv_blocks > room:
                 return True
     return False

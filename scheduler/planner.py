@@ -102,7 +102,7 @@ def _blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-def _blocks_after(view: RequestView, tokens: int, budget: StepBudget) -> int:
+def blocks_after(view: RequestView, tokens: int, budget: StepBudget) -> int:
     """Blocks `view` holds once `tokens` more are computed, as the engine allocates them."""
     if budget.admit_whole_sequence and view.awaiting_admission:
         needed = max(view.num_known_tokens, view.num_computed_tokens + tokens)
@@ -116,7 +116,7 @@ def _tokens_that_fit(view: RequestView, work: int, token_left: int, block_left: 
     if not budget.whole_chunks:
         return min(work, token_left, block_left * budget.block_size - view.num_computed_tokens)
     tokens = min(work, token_left)
-    return tokens if _blocks_after(view, tokens, budget) <= block_left else 0
+    return tokens if blocks_after(view, tokens, budget) <= block_left else 0
 
 
 def choose(ordered: Sequence[RequestView], budget: StepBudget, capacity: int) -> list[tuple]:
@@ -132,7 +132,7 @@ def choose(ordered: Sequence[RequestView], budget: StepBudget, capacity: int) ->
             limit = budget.early_limit(view, work, token_left, early_left)
             tokens = _tokens_that_fit(view, work, limit, block_left, budget) if limit else 0
             if tokens > 0:
-                after = _blocks_after(view, tokens, budget)
+                after = blocks_after(view, tokens, budget)
                 chosen.append((rank, view, tokens, after))
                 token_left -= tokens
                 early_left -= 0 if view.complete else tokens
