@@ -15,10 +15,10 @@ calls, and applies its decision to vLLM:
   vLLM schedules every queued request whole in any order (their work fits the token budget and
   the slots, the blocks are free, no early-prefill limit applies), the order decides nothing and
   the sort is skipped.
-- under a policy that limits early prefill (`StepBudget.early_prefill_tokens`), waiting partial
-  streams beyond the step's allowance sit out the step while a completed prompt has work (off the
-  queues during `schedule` only; vLLM makes its step stats later, in `update_from_output`, so they
-  count there as waiting).
+- under a policy that limits early prefill (`StepBudget.early_prefill_tokens`), partial streams
+  beyond the step's allowance, running or waiting, sit out the step while a completed prompt has
+  work (off vLLM's lists during `schedule` only; vLLM makes its step stats later, in
+  `update_from_output`, so they count there where they were).
 - idle streaming sessions (waiting for their next chunk) are parked outside vLLM's queues and its
   `max_num_seqs` count, so open sessions never block admission of new work; a parked session keeps
   its KV until the planner evicts it and rejoins the queues when its next chunk arrives.
@@ -99,6 +99,8 @@ class PolicySchedulerMixin:
         finally:
             for queue, requests in self._held_back:
                 queue.extend(requests)
+                if queue is self.running:
+                    self.num_waiting_for_streaming_input -= len(requests)
             self._held_back.clear()
 
     def plan_and_apply(self) -> None:
@@ -159,34 +161,38 @@ class PolicySchedulerMixin:
     def _hold_back_early_prefill(self) -> None:
         """The planner's early-prefill limit (`StepBudget.early_allowance`, `early_limit`) on vLLM's queues.
 
-        While a completed prompt has work, waiting partial streams get the allowance in policy
-        order, less what running partial streams still have to prefill (vLLM schedules those
-        first); the rest sit out this step, off the queues until `schedule` returns. vLLM cannot cut
-        one request's chunk to what is left of the allowance, so such a chunk waits whole (the
-        simulator cuts it)."""
+        While a completed prompt has work, partial streams get the allowance in policy order,
+        running ones first (vLLM schedules those first); the rest sit out this step, off the
+        running list or the waiting queues until `schedule` returns. vLLM cannot cut one
+        request's chunk to what is left of the allowance, so such a chunk waits whole (the
+        simulator cuts it). A running stream held back keeps its KV and its slot: vLLM's admission
+        counts slots as `len(running)` plus the sessions waiting for input, so those held out of
+        `running` are added to the latter for the step."""
         budget, views = self.step_budget, self.book.views
         queues = (self.running, self.kv_holding_waiting, self.waiting)
         left = budget.early_allowance(views[r.request_id] for queue in queues for r in queue)
         if left >= budget.max_num_tokens:
             return
-        for request in self.running:
-            view = views[request.request_id]
-            if not view.complete:
-                left -= view.num_tokens_to_compute
-        for queue in queues[1:]:
+        for queue in queues:
             kept, held = [], []
             for request in queue:
                 view = views[request.request_id]
                 work = view.num_tokens_to_compute
-                if budget.early_limit(view, work, budget.max_num_tokens, left):
+                if (view.complete or request.num_output_placeholders
+                        or budget.early_limit(view, work, budget.max_num_tokens, left)):
                     left -= 0 if view.complete else work
                     kept.append(request)
                 else:
                     held.append(request)
-            if held:
+            if not held:
+                continue
+            if queue is self.running:
+                self.running[:] = kept
+                self.num_waiting_for_streaming_input += len(held)
+            else:
                 queue.clear()
                 queue.extend(kept)
-                self._held_back.append((queue, held))
+            self._held_back.append((queue, held))
 
     # ---- eviction ----------------------------------------------------------------------
     def _evict(self, request, now: float) -> None:

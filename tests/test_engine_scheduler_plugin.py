@@ -92,6 +92,23 @@ def test_early_prefill_within_the_allowance_runs_beside_a_decode():
     d.run_until(lambda: _idle(d, "big"))
 
 
+def test_a_running_stream_sits_out_steps_where_a_question_has_work_and_keeps_its_slot():
+    s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=256, max_num_seqs=2)
+    d = Driver(s)
+    d.turn("partial", 300)
+    assert d.step().num_scheduled_tokens == {"partial": 256}  # nothing else: the whole budget
+    d.turn("question", 40, final(2), resumable=False)
+    d.turn("other", 40, final(2), resumable=False)
+    # the stream's last 44 tokens are over the allowance (256 / 32): vLLM would run them first
+    assert d.step().num_scheduled_tokens == {"question": 40}
+    # it kept its slot: the second question was not admitted past max_num_seqs
+    assert [r.request_id for r in s.running] == ["question", "partial"]
+    assert [r.request_id for r in s.waiting] == ["other"] and s.num_waiting_for_streaming_input == 0
+    d.run_until(lambda: "question" not in s.requests and "other" not in s.requests)
+    d.run_until(lambda: _idle(d, "partial"))
+    assert s.requests["partial"].num_computed_tokens == 300
+
+
 @pytest.mark.parametrize("policy", ["default_vllm", "tailguard"])
 def test_turns_that_arrive_before_the_current_one_starts_are_prefilled_with_it(policy):
     """Not turn by turn (one step each, a throwaway sample between, re-admitted every time): the
