@@ -167,7 +167,8 @@ class PolicySchedulerMixin:
         request's chunk to what is left of the allowance, so such a chunk waits whole (the
         simulator cuts it). A running stream held back keeps its KV and its slot: vLLM's admission
         counts slots as `len(running)` plus the sessions waiting for input, so those held out of
-        `running` are added to the latter for the step."""
+        `running` are added to the latter for the step. Under async scheduling a request whose
+        output of the previous step is still in flight (output placeholders) is never held."""
         budget, views = self.step_budget, self.book.views
         queues = (self.running, self.kv_holding_waiting, self.waiting)
         left = budget.early_allowance(views[r.request_id] for queue in queues for r in queue)
