@@ -179,21 +179,18 @@ class PolicySchedulerMixin:
             for request in queue:
                 view = views[request.request_id]
                 work = view.num_tokens_to_compute
-                if (view.complete or request.num_output_placeholders
+                if (request.num_output_placeholders
                         or budget.early_limit(view, work, budget.max_num_tokens, left)):
                     left -= 0 if view.complete else work
                     kept.append(request)
                 else:
                     held.append(request)
-            if not held:
-                continue
-            if queue is self.running:
-                self.running[:] = kept
-                self.num_waiting_for_streaming_input += len(held)
-            else:
+            if held:
                 queue.clear()
                 queue.extend(kept)
-            self._held_back.append((queue, held))
+                self._held_back.append((queue, held))
+                if queue is self.running:
+                    self.num_waiting_for_streaming_input += len(held)
 
     # ---- eviction ----------------------------------------------------------------------
     def _evict(self, request, now: float) -> None:
