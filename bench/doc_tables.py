@@ -397,7 +397,13 @@ def cost_model(data: dict) -> str:
     cm = engine_entry(data)["cost_model"]
     rows = [[f"{int(n):,}", ms(s * 1e3)] for n, s in cm["recompute"]]
     decode = ", ".join(f"batch {int(b)}: {ms(s * 1e3)}" for b, s in cm["decode_step"])
-    return (table(["prompt tokens", "prefill latency"], rows) + f"\n\nDecode step: {decode}. "
+    # the context curves start with their (0, 0) anchor; files from before they were measured lack them
+    prefill_context = ", ".join(f"{int(p):,} pairs: +{ms(s * 1e3)}" for p, s in (cm.get("prefill_context") or [])[1:])
+    decode_context = ", ".join(f"+{int(t):,} tokens: +{ms(s * 1e3)}" for t, s in (cm.get("decode_context") or [])[1:])
+    context = (f"Cached context (new x cached token pairs) adds to a prefill: {prefill_context}. Context "
+               f"beyond {cm.get('decode_base_context')} tokens adds to a decode step: {decode_context}. "
+               if prefill_context else "No cached-context curves in this run. ")
+    return (table(["prompt tokens", "prefill latency"], rows) + f"\n\nDecode step: {decode}. {context}"
             f"Swap: {'measured' if cm.get('swap_in') else 'unavailable'}. {cm.get('notes', '')}")
 
 

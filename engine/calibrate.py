@@ -49,6 +49,12 @@ def run(args: argparse.Namespace) -> int:
     if model.decode_step is not None:
         for batch in model.decode_step.xs:
             print(f"decode step batch {int(batch):4d}: {model.decode_step(batch) * 1e3:8.1f} ms")
+    if model.prefill_context is not None:
+        for pairs in model.prefill_context.xs[1:]:
+            print(f"cached-context prefill {int(pairs):9d} pairs: +{model.prefill_context(pairs) * 1e3:6.1f} ms")
+    if model.decode_context is not None:
+        for tokens in model.decode_context.xs[1:]:
+            print(f"decode context +{int(tokens):6d} tokens: +{model.decode_context(tokens) * 1e3:6.1f} ms")
     print(f"swap: {'available' if model.swap_available else 'unavailable on this device'}")
     print(f"wrote {output}")
     return 0

@@ -7,12 +7,23 @@ JSON format (`stream2llm-cost-model/1`):
      "decode_step": [[batch, seconds], ...],         # optional: one decode step of that batch
      "swap_out":    [[blocks, seconds], ...] | null, # null where KV offload does not exist (CPU)
      "swap_in":     [[blocks, seconds], ...] | null,
+     "prefill_context": [[pairs, seconds], ...] | null, # optional: the extra a prefill pays to attend
+                                                        # to context already cached (pairs = new x cached)
+     "decode_context":  [[tokens, seconds], ...] | null, # optional: the extra a decode step pays per KV
+                                                        # token beyond `decode_base_context` per sequence
+     "decode_base_context": 16,                         # the context decode_step was measured at
      "notes": "..."}
 
 Curves are piecewise-linear through the per-size means, made non-decreasing (latency never falls
 as the work grows: a dip is timing noise, pooled away by isotonic regression), and extended past
 the measured range by the least-squares slope. `stream2llm calibrate` measures recompute on the engine and calls
 `build_cost_model`; on CPU there is no swap, and the model says so instead of inventing numbers.
+
+A recompute point is a fresh prompt, so it already holds the prompt's attention to itself; what it
+cannot hold is a streamed turn's attention to the context cached by earlier turns, nor a decode's
+reads of a long context. On a CPU these are not small (SmolLM2: 128 new tokens cost ~0.06 s alone and
+~0.09 s after 512 cached ones), so they are measured as their own curves; a model without them prices
+them at zero.
 """
 
 from __future__ import annotations
@@ -40,8 +51,11 @@ class CostModel(Protocol):
     def swap_in_s(self, num_blocks: int) -> float: ...
 
     def step_s(self, prefill_tokens: int, attention_pairs: float, decode_seqs: int,
-               decode_kv_tokens: int) -> float:
-        """One engine step: prefill tokens (with sum of tokens x context for attention) + decodes."""
+               decode_kv_tokens: int, cached_pairs: float = 0.0) -> float:
+        """One engine step: prefill tokens + decodes. `attention_pairs` sums, over the prefilled
+        requests, new tokens x (cached context + new tokens / 2); `cached_pairs` is the part of it over
+        context cached before the step (new tokens x cached tokens); `decode_kv_tokens` sums the
+        decoding requests' contexts."""
 
 
 class Curve:
@@ -96,10 +110,14 @@ def _least_squares_slope(xs: list[float], ys: list[float]) -> float:
 class MeasuredCostModel:
     def __init__(self, recompute: Curve, decode_step: Curve | None = None,
                  swap_out: Curve | None = None, swap_in: Curve | None = None,
-                 block_size: int = 16, device: str = "", model: str = "", notes: str = ""):
+                 block_size: int = 16, device: str = "", model: str = "", notes: str = "",
+                 prefill_context: Curve | None = None, decode_context: Curve | None = None,
+                 decode_base_context: int = 0):
         if (swap_out is None) != (swap_in is None):
             raise CostModelError("swap needs both swap_out and swap_in measurements, or neither")
         self.recompute, self.decode_step = recompute, decode_step
+        self.prefill_context, self.decode_context = prefill_context, decode_context
+        self.decode_base_context = decode_base_context
         self.swap_out, self.swap_in = swap_out, swap_in
         self.block_size, self.device, self.model, self.notes = block_size, device, model, notes
 
@@ -122,11 +140,16 @@ class MeasuredCostModel:
         return curve(num_blocks)
 
     def step_s(self, prefill_tokens: int, attention_pairs: float, decode_seqs: int,
-               decode_kv_tokens: int) -> float:
+               decode_kv_tokens: int, cached_pairs: float = 0.0) -> float:
         seconds = self.recompute(prefill_tokens) if prefill_tokens else 0.0
+        if prefill_tokens and cached_pairs > 0 and self.prefill_context is not None:
+            seconds += self.prefill_context(cached_pairs)
         if decode_seqs:
             curve = self.decode_step or self.recompute
             seconds += curve(decode_seqs)
+            beyond_base = decode_kv_tokens - decode_seqs * self.decode_base_context
+            if beyond_base > 0 and self.decode_context is not None:
+                seconds += self.decode_context(beyond_base)
         return seconds
 
     def to_json(self) -> dict:
@@ -136,6 +159,9 @@ class MeasuredCostModel:
             "decode_step": self.decode_step.pairs() if self.decode_step else None,
             "swap_out": self.swap_out.pairs() if self.swap_out else None,
             "swap_in": self.swap_in.pairs() if self.swap_in else None,
+            "prefill_context": self.prefill_context.pairs() if self.prefill_context else None,
+            "decode_context": self.decode_context.pairs() if self.decode_context else None,
+            "decode_base_context": self.decode_base_context,
             "notes": self.notes,
         }
 
@@ -155,18 +181,28 @@ class MeasuredCostModel:
 
         return cls(curve("recompute"), curve("decode_step"), curve("swap_out"), curve("swap_in"),
                    int(data.get("block_size", 16)), str(data.get("device", "")),
-                   str(data.get("model", "")), str(data.get("notes", "")))
+                   str(data.get("model", "")), str(data.get("notes", "")),
+                   curve("prefill_context"), curve("decode_context"),
+                   int(data.get("decode_base_context", 0)))
 
 
 def build_cost_model(recompute: Iterable[tuple[int, float]], *, block_size: int,
                      device: str, model: str, decode_step: Iterable[tuple[int, float]] = (),
                      swap_out: Iterable[tuple[int, float]] = (),
-                     swap_in: Iterable[tuple[int, float]] = (), notes: str = "") -> dict:
-    """The JSON document for measured (size, seconds) pairs; what `stream2llm calibrate` writes."""
-    decode, out, back = list(decode_step), list(swap_out), list(swap_in)
-    built = MeasuredCostModel(Curve(recompute), Curve(decode) if decode else None,
-                              Curve(out) if out else None, Curve(back) if back else None,
-                              block_size, device, model, notes)
+                     swap_in: Iterable[tuple[int, float]] = (), notes: str = "",
+                     prefill_context: Iterable[tuple[float, float]] = (),
+                     decode_context: Iterable[tuple[float, float]] = (),
+                     decode_base_context: int = 0) -> dict:
+    """The JSON document for measured (size, seconds) pairs; what `stream2llm calibrate` writes.
+    The context curves are extras over a zero point (no cached context costs nothing extra)."""
+    def optional(pairs, anchored: bool = False) -> Curve | None:
+        pairs = list(pairs)
+        return Curve(([(0.0, 0.0)] if anchored else []) + pairs) if pairs else None
+
+    built = MeasuredCostModel(Curve(recompute), optional(decode_step), optional(swap_out),
+                              optional(swap_in), block_size, device, model, notes,
+                              optional(prefill_context, True), optional(decode_context, True),
+                              decode_base_context)
     return built.to_json()
 
 

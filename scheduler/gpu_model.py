@@ -89,7 +89,8 @@ class ParametricCostModel:
     swap_in_s = swap_out_s
 
     def step_s(self, prefill_tokens: int, attention_pairs: float, decode_seqs: int,
-               decode_kv_tokens: int) -> float:
+               decode_kv_tokens: int, cached_pairs: float = 0.0) -> float:
+        # cached_pairs is a part of attention_pairs, which this model prices as flops already
         flops = (self._prefill_flops * prefill_tokens + self._decode_flops * decode_seqs
                  + self._attn_flops * (attention_pairs + decode_kv_tokens))
         read = self.model.weight_bytes + decode_kv_tokens * self.model.kv_bytes_per_token

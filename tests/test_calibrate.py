@@ -31,6 +31,10 @@ def test_calibrate_writes_a_monotone_cpu_cost_model(tmp_path):
     # may be flat; it must never fall (the fit is forced monotone).
     assert model.recompute_s(2048) >= model.recompute_s(32)
     assert model.decode_step is not None and model.decode_step(4) > 0
+    # a streamed turn's attention to cached context and a long decode's reads are measured, not assumed
+    anchor, *measured = raw["prefill_context"]  # curves of extras start at no context, no extra
+    assert anchor == [0, 0] and measured and all(pairs > 0 and extra >= 0 for pairs, extra in measured)
+    assert raw["decode_context"] and raw["decode_base_context"] > 0
 
 
 async def test_sizes_that_do_not_fit_are_rejected_before_starting_an_engine():

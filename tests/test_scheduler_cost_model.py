@@ -7,6 +7,7 @@ import pytest
 from scheduler.cost_model import (
     CostModelError,
     Curve,
+    MeasuredCostModel,
     build_cost_model,
     load_cost_model,
     save_cost_model,
@@ -50,6 +51,24 @@ def test_round_trip_with_swap_and_decode(tmp_path):
     assert model.swap_available and model.swap_in_s(10) == pytest.approx(0.002)
     assert model.step_s(0, 0, 64, 0) == pytest.approx(0.008)
     assert model.to_json() == json.loads(path.read_text())
+
+
+def test_context_curves_price_what_a_fresh_prompt_curve_cannot(tmp_path):
+    data = build_cost_model([(128, 0.06), (512, 0.18)], block_size=32, device="cpu", model="m",
+                            decode_step=[(1, 0.03), (8, 0.04)],
+                            prefill_context=[(65536, 0.03), (131072, 0.05)],
+                            decode_context=[(1000, 0.005)], decode_base_context=22)
+    path = tmp_path / "c.json"
+    save_cost_model(data, path)
+    model = load_cost_model(path)
+    assert model.to_json() == json.loads(path.read_text())
+    # 128 new tokens after 512 cached: the fresh curve's 0.06 plus the cached-context extra
+    assert model.step_s(128, 128 * (512 + 64), 0, 0, cached_pairs=128 * 512) == pytest.approx(0.09)
+    assert model.step_s(128, 128 * 64, 0, 0) == pytest.approx(0.06)
+    assert model.step_s(0, 0, 1, 22) == pytest.approx(0.03)  # at the decode curve's own context
+    assert model.step_s(0, 0, 2, 2 * 22 + 1000) == pytest.approx(0.03 + 1 / 7 * 0.01 + 0.005)
+    old = {key: value for key, value in data.items() if "context" not in key}
+    assert MeasuredCostModel.from_json(old).step_s(128, 0, 0, 0, cached_pairs=65536) == pytest.approx(0.06)
 
 
 def test_bad_files_are_rejected(tmp_path):

@@ -131,7 +131,7 @@ class SimEngine:
         return swap_s
 
     def _apply_scheduled(self, decision: StepDecision, now: float) -> StepOutcome:
-        prefill = pairs = decode_seqs = decode_kv = 0
+        prefill = pairs = cached_pairs = decode_seqs = decode_kv = 0
         first_tokens, finished = [], []
         held, high_water, views = self.blocks.held, self._high_water, self.views
         for request_id, tokens in decision.scheduled:
@@ -143,6 +143,7 @@ class SimEngine:
             else:
                 prefill += tokens
                 pairs += tokens * (computed + tokens / 2)
+                cached_pairs += tokens * computed
             self.stats.tokens_recomputed += max(0, min(high_water[request_id], computed + tokens) - computed)
             view.num_computed_tokens = computed + tokens
             high_water[request_id] = max(high_water[request_id], computed + tokens)
@@ -160,7 +161,7 @@ class SimEngine:
                     continue
             self.queue.touch(view)
         self.stats.tokens_computed += prefill + decode_seqs
-        duration = self.cost.step_s(prefill, pairs, decode_seqs, decode_kv)
+        duration = self.cost.step_s(prefill, pairs, decode_seqs, decode_kv, cached_pairs)
         return StepOutcome(duration, first_tokens, finished)
 
     def _finish(self, view: RequestView) -> None:
