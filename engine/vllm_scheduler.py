@@ -129,12 +129,12 @@ class PolicySchedulerMixin:
             now = time.monotonic()
             for preemption in decision.preempted:
                 self._evict(self.requests[preemption.request_id], now)
-        if blocks_short or self._order_decides(with_work):
+        if blocks_short or self._order_decides(with_work, free):
             self._order_queues()
             if self.step_budget.early_prefill_tokens is not None:
-                self._hold_back_early_prefill()
+                self._hold_back_early_prefill(free)
 
-    def _order_decides(self, with_work: int) -> bool:
+    def _order_decides(self, with_work: int, free: int) -> bool:
         """False when vLLM schedules every queued request whole this step in any order: their
         work fits the token budget, they fit the slots, no early-prefill limit applies, and the
         blocks are there (the caller's fast-path test). Sorting is then skipped: under light load,
@@ -146,7 +146,7 @@ class PolicySchedulerMixin:
                   for r in queue]
         if sum(view.num_tokens_to_compute for view in queued) > budget.max_num_tokens:
             return True
-        return budget.early_allowance(queued) < budget.max_num_tokens
+        return budget.early_allowance(queued, free) < budget.max_num_tokens
 
     def _order_queues(self) -> None:
         key = self.book.key
@@ -158,7 +158,7 @@ class PolicySchedulerMixin:
                 queue.clear()
                 queue.extend(ranked)
 
-    def _hold_back_early_prefill(self) -> None:
+    def _hold_back_early_prefill(self, free: int) -> None:
         """The planner's early-prefill limit (`StepBudget.early_allowance`, `early_limit`) on vLLM's queues.
 
         While a completed prompt has work, partial streams get the allowance in policy order,
@@ -171,7 +171,7 @@ class PolicySchedulerMixin:
         output of the previous step is still in flight (output placeholders) is never held."""
         budget, views = self.step_budget, self.book.views
         queues = (self.running, self.kv_holding_waiting, self.waiting)
-        left = budget.early_allowance(views[r.request_id] for queue in queues for r in queue)
+        left = budget.early_allowance((views[r.request_id] for queue in queues for r in queue), free)
         if left >= budget.max_num_tokens:
             return
         for queue in queues:

@@ -15,7 +15,8 @@ nothing in the policy's order can compute (idle holders ranked ahead of all work
 default_vllm's order), the first request with work that fits on its own is moved to the front and
 may take memory from requests with nothing to compute, and only from those.
 A policy may limit early prefill (`StepBudget.early_prefill_tokens`): while a completed prompt has
-work, partial streams share that many tokens of the step, and phase 1 gives them no more.
+work, partial streams share that many tokens of the step, and phase 1 gives them no more; while
+the completed prompts need more blocks than are free, they get none (`StepBudget.early_allowance`).
 The planner never touches the views: the owner applies the returned decision.
 """
 
@@ -59,14 +60,22 @@ class StepBudget:
         if self.early_prefill_tokens is not None and self.early_prefill_tokens < 0:
             raise PlannerError(f"early_prefill_tokens must be >= 0: {self}")
 
-    def early_allowance(self, ordered: Iterable[RequestView]) -> int:
+    def early_allowance(self, views: Iterable[RequestView], free_blocks: int) -> int:
         """Tokens partial streams may prefill this step: the whole budget, unless the policy limits
         early prefill and some completed prompt (a prefill whose TTFT clock runs, or a decode) has
-        work, which every extra token of the step would delay."""
-        if self.early_prefill_tokens is None or not any(
-                view.complete and view.num_tokens_to_compute for view in ordered):
+        work, which every extra token of the step would delay; and none while the completed prompts
+        with work need more blocks than are free: what a stream prefills then takes memory a
+        question needs next, and is evicted (recomputed) before it pays."""
+        if self.early_prefill_tokens is None:
             return self.max_num_tokens
-        return self.early_prefill_tokens
+        clocks_run, blocks_needed = False, 0
+        for view in views:
+            if view.complete and view.num_tokens_to_compute:
+                clocks_run = True
+                blocks_needed += max(0, _blocks_for(view.num_known_tokens, self.block_size) - view.num_kv_blocks)
+        if not clocks_run:
+            return self.max_num_tokens
+        return 0 if blocks_needed > free_blocks else self.early_prefill_tokens
 
     def early_limit(self, view: RequestView, work: int, token_left: int, early_left: int) -> int:
         """The tokens `view` may be given (before memory) with `early_left` of the allowance left;
@@ -119,11 +128,11 @@ def _tokens_that_fit(view: RequestView, work: int, token_left: int, block_left: 
     return tokens if blocks_after(view, tokens, budget) <= block_left else 0
 
 
-def choose(ordered: Sequence[RequestView], budget: StepBudget, capacity: int) -> list[tuple]:
+def choose(ordered: Sequence[RequestView], budget: StepBudget, capacity: int, free: int) -> list[tuple]:
     """Phase 1: (rank, view, tokens, blocks held after the step) for every request that keeps memory."""
     chosen = []
     token_left, block_left = budget.max_num_tokens, capacity
-    early_left = budget.early_allowance(ordered)
+    early_left = budget.early_allowance(ordered, free)
     admitting = True  # vLLM stops admitting at the first waiting request that does not fit
     for rank, view in enumerate(ordered):
         held = view.num_kv_blocks
@@ -159,8 +168,9 @@ def _first_that_fits_alone(ordered, capacity: int, budget: StepBudget) -> Reques
 def plan_step(ordered: Sequence[RequestView], blocks: BlockManager, budget: StepBudget,
               cost: CostModel | None = None, swap_pool: SwapPool | None = None) -> StepDecision:
     """Plan one step over `ordered` (the policy's order of all waiting and running requests)."""
-    capacity = blocks.num_free() + sum(v.num_kv_blocks for v in ordered)
-    chosen = choose(ordered, budget, capacity)
+    free = blocks.num_free()
+    capacity = free + sum(v.num_kv_blocks for v in ordered)
+    chosen = choose(ordered, budget, capacity, free)
     if any(tokens for _, _, tokens, _ in chosen):
         return _acquire(ordered, chosen, blocks, cost, swap_pool, _any_victim)
     # No progress in policy order (idle holders ahead of all work): put the first request that
@@ -169,7 +179,7 @@ def plan_step(ordered: Sequence[RequestView], blocks: BlockManager, budget: Step
     if first is None:
         return _acquire(ordered, chosen, blocks, cost, swap_pool, _any_victim)
     reordered = [first, *(v for v in ordered if v is not first)]
-    return _acquire(reordered, choose(reordered, budget, capacity), blocks, cost, swap_pool, _no_work)
+    return _acquire(reordered, choose(reordered, budget, capacity, free), blocks, cost, swap_pool, _no_work)
 
 
 def _any_victim(view: RequestView) -> bool:

@@ -92,6 +92,19 @@ def test_early_prefill_within_the_allowance_runs_beside_a_decode():
     d.run_until(lambda: _idle(d, "big"))
 
 
+@pytest.mark.parametrize("question_tokens, small_runs", [(176, True), (216, False)])
+def test_no_early_prefill_while_a_question_needs_more_blocks_than_are_free(question_tokens, small_runs):
+    s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=24, max_num_seqs=8)
+    d = Driver(s)
+    d.turn("holder", 160)  # 10 of the 23 usable blocks, idle from then on
+    d.run_until(lambda: _idle(d, "holder"))
+    d.turn("question", question_tokens, final(2), resumable=False)  # 11 or 14 blocks, 13 free
+    d.turn("small", 8)  # within the early-prefill allowance (256 / 32)
+    out = d.step()
+    assert out.num_scheduled_tokens == ({"question": question_tokens, "small": 8} if small_runs
+                                        else {"question": question_tokens})
+
+
 def test_a_running_stream_sits_out_steps_where_a_question_has_work_and_keeps_its_slot():
     s = make_scheduler(StreamingScheduler, "tailguard", num_blocks=256, max_num_seqs=2)
     d = Driver(s)

@@ -275,6 +275,26 @@ def test_early_prefill_takes_the_whole_budget_when_no_clock_runs():
         StepBudget(512, BS, early_prefill_tokens=-1)
 
 
+def _question_beside_an_idle_stream(question_blocks: int):
+    blocks = CountingBlockManager(12)
+    question = resident(blocks, 0, computed=8 * BS, prompt=question_blocks * BS, complete=True)
+    holder = resident(blocks, 1, computed=2 * BS)  # an idle stream; 2 blocks stay free
+    stream = waiting(2, prompt=BS, first=1.0, complete=False)
+    return blocks, make_policy("fcfs").order([question, holder, stream])
+
+
+def test_no_early_prefill_while_the_completed_prompts_need_more_memory_than_is_free():
+    budget = StepBudget(512, BS, **EARLY)
+    blocks, order = _question_beside_an_idle_stream(9)  # 1 block to go, 2 free
+    assert budget.early_allowance(order, blocks.num_free()) == 2 * BS
+    assert plan_step(order, blocks, budget).scheduled == [("r0", BS), ("r2", BS)]
+    blocks, order = _question_beside_an_idle_stream(11)  # 3 to go: what the stream took, it would lose
+    assert budget.early_allowance(order, blocks.num_free()) == 0
+    decision = plan_step(order, blocks, budget)
+    assert decision.scheduled == [("r0", 3 * BS)]
+    assert [p.request_id for p in decision.preempted] == ["r1"]
+
+
 def test_tailguard_limits_early_prefill_and_the_paper_policies_do_not():
     assert make_policy("tailguard").early_prefill_tokens(8192) == 256
     assert all(make_policy(name).early_prefill_tokens(8192) is None

@@ -41,7 +41,10 @@ an 8B model on an H200), so a step filled with early prefill delays every first 
 decode in it: when the engine is busy, early prefill buys nothing a one-shot request would not get
 later and costs the requests whose clocks run now. When nothing else has work, streams get the
 whole budget. Under the vLLM plug-in a chunk bigger than what is left of the allowance waits whole
-(vLLM cannot cut it); the simulator cuts it.
+(vLLM cannot cut it); the simulator cuts it. And while the completed prompts with work need more
+KV blocks than are free, partial streams prefill nothing (`StepBudget.early_allowance`): a block a
+stream takes then is one a question needs next, so it would be evicted, and its prefill recomputed,
+before it paid.
 
 Measured in the simulator at paper scale (`python -m bench.policies`, bench/results/policies.json,
 rendered in docs/BENCHMARKS.md; six scenarios, trace seeds 0-2): TailGuard has the lowest streamed
