@@ -48,8 +48,9 @@ before it paid.
 
 Measured in the simulator at paper scale (`python -m bench.policies`, bench/results/policies.json,
 rendered in docs/BENCHMARKS.md; six scenarios, trace seeds 0-2): TailGuard has the lowest streamed
-P99 TTFT of the five policies in all 18 runs, and at most the one-shot P99 in 15; the three misses
-are on the two reshaped crawler workloads, which were not used to choose `early_prefill_share`.
+P99 TTFT of the five policies in all 18 runs, and at most the one-shot P99 in 16; the two misses
+are on the heavy-tailed crawler workload (P99 1.08x and 1.04x one-shot's), whose analysis led to
+the memory gate above (`early_prefill_share` was chosen on seed 0 of the other workloads).
 """
 
 from scheduler.policies.base import Policy
