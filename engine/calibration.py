@@ -4,11 +4,11 @@ Recompute (what a preempted request pays to come back) is measured as the time t
 of a prompt of N tokens with a fresh cache salt, so the prefix cache reuses nothing: exactly a full
 prefill of N tokens plus one sampled token. Decode is measured as the median gap between tokens of
 B requests decoding together. What a streamed turn pays to attend to context cached by earlier
-turns is measured as the TTFT of N new tokens after a cached prefix minus that of N fresh tokens, and
-what a decode pays for a long context as its inter-token gap minus the gap at the decode curve's short
-context (`measure_prefill_context`, `measure_decode_context`). Swap is measured only where it exists (`--kv-offload-gib` on a GPU,
-`measure_swap_in`): vLLM's KV offload is CUDA-only, so on CPU the model records swap as unavailable
-(null) instead of inventing numbers.
+turns is measured as the TTFT of N new tokens after a cached prefix minus that of N fresh tokens,
+and what a decode pays for a long context as its inter-token gap minus the gap at the decode
+curve's short context (`measure_prefill_context`, `measure_decode_context`). Swap is measured only
+where it exists (`--kv-offload-gib` on a GPU, `measure_swap_in`): vLLM's KV offload is CUDA-only,
+so on CPU the model records swap as unavailable (null) instead of inventing numbers.
 """
 
 from __future__ import annotations
