@@ -70,12 +70,12 @@ class StepBudget:
             return self.max_num_tokens
         clocks_run, blocks_needed = False, 0
         for view in views:
-            if view.complete and view.num_tokens_to_compute:
+            if view.complete and (work := view.num_tokens_to_compute):
                 clocks_run = True
-                blocks_needed += max(0, _blocks_for(view.num_known_tokens, self.block_size) - view.num_kv_blocks)
-        if not clocks_run:
-            return self.max_num_tokens
-        return 0 if blocks_needed > free_blocks else self.early_prefill_tokens
+                blocks_needed += blocks_after(view, work, self) - view.num_kv_blocks
+                if blocks_needed > free_blocks:
+                    return 0
+        return self.early_prefill_tokens if clocks_run else self.max_num_tokens
 
     def early_limit(self, view: RequestView, work: int, token_left: int, early_left: int) -> int:
         """The tokens `view` may be given (before memory) with `early_left` of the allowance left;
