@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-from bench.results_meta import META_KEY, missing_metadata
+from bench.results_meta import META_KEY, missing_metadata, run_number
 from stream2llm.data.traces import PromptMode
 
 MISSING = "n/a"
@@ -367,12 +367,14 @@ def engine_entry(data: dict) -> dict:
 def engine_policies(data: dict) -> str:
     """Policies on the real CPU engine (`policies.json` workloads.crawler.engine), every stored run."""
     e = engine_entry(data)
-    runs = [*reversed(e.get("earlier_runs", [])), e]  # earlier_runs is newest first; print oldest first
+    last, earlier = run_number(e), e.get("earlier_runs", [])  # earlier_runs: newest first
+    # a run kept from before `run_number` existed counts back from the newest
+    numbered = [(run.get("run_number") or last - 1 - i, run) for i, run in enumerate(earlier)]
     parts = []
-    for i, run in enumerate(runs, 1):
+    for number, run in [*reversed(numbered), (last, e)]:
         commit = (run.get(META_KEY) or {}).get("commit")
         origin = f"commit {commit[:10]}" if commit else "commit not recorded"
-        parts.append(f"Run {i} of {len(runs)} ({origin}): TTFT p50 / p95 / p99 (s), preemptions, makespan (s)\n\n"
+        parts.append(f"Run {number} of {last} ({origin}): TTFT p50 / p95 / p99 (s), preemptions, makespan (s)\n\n"
                      + table(["policy", "TTFT p50 / p95 / p99", "preemptions", "makespan"],
                              _policy_cells(run["results"])))
     err = e.get("sim_vs_engine", {})

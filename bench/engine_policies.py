@@ -25,7 +25,7 @@ import numpy as np
 
 from bench.engine_replay import replay
 from bench.engine_sizing import kv_bytes
-from bench.results_meta import META_KEY, engine_dtype, start_run
+from bench.results_meta import META_KEY, engine_dtype, run_number, start_run
 from engine.calibration import measure_cost_model
 from engine.config import DEFAULT_MODEL, EngineConfig
 from stream2llm.data.traces import PromptMode, poisson_arrivals, synthetic_crawler_traces
@@ -129,14 +129,14 @@ async def run_all(args) -> dict:
 
 
 SETUP_KEYS = ("model", "sessions", "qps", "delay", "seed", "kv_tokens")
-KEPT_RUNS = 8  # every run so far: docs/BENCHMARKS.md numbers them from the first
+KEPT_RUNS = 8  # earlier runs kept; each keeps its `run_number`, so dropping the oldest renumbers none
 
 
 def _compact(entry: dict) -> dict:
     """A run's setup and percentiles, without per-request lists: for the run-to-run spread."""
     results = {mode: {p: {k: v for k, v in s.items() if k != "ttft_s"} for p, s in rows.items()}
                for mode, rows in entry["results"].items()}
-    return {**{k: entry[k] for k in SETUP_KEYS}, "results": results,
+    return {**{k: entry[k] for k in SETUP_KEYS}, "run_number": run_number(entry), "results": results,
             **({META_KEY: entry[META_KEY]} if META_KEY in entry else {})}
 
 
@@ -146,7 +146,9 @@ def write(entry: dict, output: Path) -> None:
     report = json.loads(output.read_text()) if output.exists() else {"workloads": {}}
     crawler = report.setdefault("workloads", {}).setdefault("crawler", {})
     previous = crawler.get("engine")
+    entry["run_number"] = 1
     if previous and all(previous.get(k) == entry[k] for k in SETUP_KEYS):
+        entry["run_number"] = run_number(previous) + 1
         entry["earlier_runs"] = ([_compact(previous)] + previous.get("earlier_runs", []))[:KEPT_RUNS]
     crawler["engine"] = entry
     output.parent.mkdir(parents=True, exist_ok=True)

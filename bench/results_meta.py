@@ -121,6 +121,13 @@ def legacy_meta(known: dict, note: str) -> dict:
     return {**known, "missing": [k for k in REQUIRED if known.get(k) is None], "note": note}
 
 
+def run_number(entry: dict) -> int:
+    """The ordinal of a run kept with its `earlier_runs` (newest first) among the runs of its setup.
+    Runs written before `run_number` existed count the runs stored with them: none had been
+    dropped then."""
+    return entry.get("run_number") or 1 + len(entry.get("earlier_runs", []))
+
+
 def missing_metadata(report: dict) -> list[str]:
     """Required keys a results file lacks (declared as `missing`, or absent).
 

@@ -55,3 +55,18 @@ def test_unknown_block_and_missing_file_are_errors(tmp_path):
         render_text("<!-- results:nope -->\n<!-- /results:nope -->", tmp_path)
     with pytest.raises(RenderError, match="missing"):
         render_text("<!-- results:qa -->\n<!-- /results:qa -->", tmp_path)
+
+
+def test_engine_runs_keep_their_numbers_when_the_oldest_is_dropped(tmp_path, monkeypatch):
+    from bench import doc_tables, engine_policies
+
+    output = tmp_path / "policies.json"
+    base = json.loads((RESULTS / "policies.json").read_text(encoding="utf-8"))["workloads"]["crawler"]["engine"]
+    base = {k: v for k, v in base.items() if k != "earlier_runs"}
+    base.pop("run_number", None)
+    monkeypatch.setattr(engine_policies, "KEPT_RUNS", 2)
+    for commit in ("aaaa", "bbbb", "cccc", "dddd"):
+        engine_policies.write({**base, META_KEY: {**base[META_KEY], "commit": commit}}, output)
+    rendered = doc_tables.engine_policies(json.loads(output.read_text(encoding="utf-8")))
+    headings = [line.split(":")[0] for line in rendered.splitlines() if line.startswith("Run ")]
+    assert headings == ["Run 2 of 4 (commit bbbb)", "Run 3 of 4 (commit cccc)", "Run 4 of 4 (commit dddd)"]
