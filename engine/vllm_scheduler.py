@@ -38,8 +38,10 @@ session's turns one at a time (a chunk that arrives while the session's turn run
 turn's end, where the simulator appends every chunk on arrival; a turn not started yet takes later
 ones in, and the next turn takes in all that waited: `engine.vllm_sessions`). An idle
 stream whose KV was evicted stays blocked until its next chunk in both (the simulator models this
-too). The plug-in preempts by recompute; on a GPU with `kv_offload_gib`, vLLM's offloading
-connector (`engine/kv_offload.py`) may load a victim's KV back instead.
+too). The plug-in preempts by recompute and passes the planner no swap pool; on a GPU with
+`kv_offload_gib`, vLLM's offloading connector (`engine/kv_offload.py`) may load a victim's KV back
+instead, and which KV its host pool keeps is its own LRU order, not the simulator's rule that a
+completed prompt's KV displaces a blocked stream's (`planner._make_swap_room`).
 
 The policy name comes from `additional_config[POLICY_KEY]` (`scheduler_additional_config`).
 """

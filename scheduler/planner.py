@@ -17,6 +17,8 @@ may take memory from requests with nothing to compute, and only from those.
 A policy may limit early prefill (`StepBudget.early_prefill_tokens`): while a completed prompt has
 work, partial streams share that many tokens of the step, and phase 1 gives them no more; while
 the completed prompts need more blocks than are free, they get none (`StepBudget.early_allowance`).
+The swap pool follows the clocks too: a completed prompt evicted while the pool is full may take
+the host memory of blocked partial streams' swapped KV (`_make_swap_room`), never the reverse.
 The planner never touches the views: the owner applies the returned decision.
 """
 
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 
 from scheduler.blocks import BlockManager, SwapPool
 from scheduler.cost_model import CostModel
-from scheduler.preemption import SWAP, choose_preemption_kind
+from scheduler.preemption import SWAP, choose_preemption_kind, swap_pays
 from scheduler.request import RequestView
 
 
@@ -100,6 +102,9 @@ class StepDecision:
     scheduled: list[tuple[str, int]] = field(default_factory=list)  # (id, tokens), by priority
     swapped_in: list[tuple[str, int]] = field(default_factory=list)  # (id, blocks)
     preempted: list[Preemption] = field(default_factory=list)
+    # (id, blocks) of swapped-out KV discarded from the swap pool (`_make_swap_room`): the owner
+    # marks it not computed, so the request recomputes it when it runs again
+    dropped: list[tuple[str, int]] = field(default_factory=list)
     num_kept: int = 0  # resident requests that keep their blocks without computing
 
     @property
@@ -214,6 +219,8 @@ def _acquire(ordered, chosen, blocks: BlockManager, cost, swap_pool, allowed) ->
             pending = pending or next(victims, None)
             if pending is None or pending[0] < rank:
                 break  # only higher-ranked requests are left to evict: no inversion
+            if pending[1].complete:
+                _make_swap_room(pending[1], ordered, cost, swap_pool, decision)
             decision.preempted.append(_evict(pending[1], blocks, cost, swap_pool))
             pending = None
         if extra > 0 and not blocks.can_allocate(extra):
@@ -226,6 +233,28 @@ def _acquire(ordered, chosen, blocks: BlockManager, cost, swap_pool, allowed) ->
                 swap_pool.free(view.request_id)
         decision.scheduled.append((view.request_id, tokens))
     return decision
+
+
+def _make_swap_room(victim: RequestView, ordered, cost, swap_pool, decision: StepDecision) -> None:
+    """Host memory goes to the requests whose clock runs first: when a completed prompt's eviction
+    would swap but the pool is full, discard the swapped KV of blocked partial streams (they wait
+    for a chunk or their question, seconds away), lowest ranked first, if that makes room. Each
+    then recomputes when its question comes, as a one-shot request would; the completed prompt,
+    whose TTFT or decode is on the clock now, comes back by a swap-in instead of a recompute."""
+    if not swap_pays(victim, cost, swap_pool) or swap_pool.can_allocate(victim.num_kv_blocks):
+        return
+    short, dropped = victim.num_kv_blocks - swap_pool.num_free(), []
+    for view in reversed(ordered):
+        if view.blocked and view.num_swapped_blocks and not view.num_kv_blocks:
+            dropped.append((view.request_id, view.num_swapped_blocks))
+            short -= view.num_swapped_blocks
+            if short <= 0:
+                break
+    if short > 0:
+        return  # the blocked streams do not hold enough: keep theirs, recompute the victim
+    for request_id, _ in dropped:
+        swap_pool.free(request_id)
+    decision.dropped.extend(dropped)
 
 
 def _evict(victim: RequestView, blocks: BlockManager, cost, swap_pool) -> Preemption:

@@ -15,13 +15,17 @@ RECOMPUTE, SWAP = "recompute", "swap"
 
 def choose_preemption_kind(victim: RequestView, cost: CostModel | None,
                            swap_pool: SwapPool | None) -> str:
-    blocks = victim.num_kv_blocks
+    if swap_pays(victim, cost, swap_pool) and swap_pool.can_allocate(victim.num_kv_blocks):
+        return SWAP
+    return RECOMPUTE
+
+
+def swap_pays(victim: RequestView, cost: CostModel | None, swap_pool: SwapPool | None) -> bool:
+    """Whether moving the victim's KV out and back costs less than recomputing it (room aside)."""
     if cost is None or swap_pool is None or not cost.swap_available:
-        return RECOMPUTE
-    if not swap_pool.can_allocate(blocks):
-        return RECOMPUTE
-    swap_s = cost.swap_out_s(blocks) + cost.swap_in_s(blocks)
-    return SWAP if swap_s < cost.recompute_s(victim.num_computed_tokens) else RECOMPUTE
+        return False
+    blocks = victim.num_kv_blocks
+    return cost.swap_out_s(blocks) + cost.swap_in_s(blocks) < cost.recompute_s(victim.num_computed_tokens)
 
 
 def choose_resume_kind(num_tokens: int, block_size: int, cost: CostModel | None) -> str:

@@ -299,3 +299,42 @@ def test_tailguard_limits_early_prefill_and_the_paper_policies_do_not():
     assert make_policy("tailguard").early_prefill_tokens(8192) == 256
     assert all(make_policy(name).early_prefill_tokens(8192) is None
                for name in POLICIES if name != "tailguard")
+
+
+def _swapped_blocked_stream(pool: SwapPool, seq: int, num_blocks: int) -> RequestView:
+    stream = waiting(seq, prompt=num_blocks * BS, complete=False)
+    stream.num_computed_tokens, stream.num_swapped_blocks, stream.blocked = num_blocks * BS, num_blocks, True
+    pool.allocate(stream.request_id, num_blocks)
+    return stream
+
+
+def _evict_for_a_question(victim_complete: bool, pool: SwapPool, held_by_streams: list[RequestView]):
+    cost = MeasuredCostModel(Curve([(16, 0.016), (1600, 1.6)]), swap_out=Curve([(1, 0.001)]),
+                             swap_in=Curve([(1, 0.001)]), block_size=BS)
+    blocks = CountingBlockManager(8)
+    victim = resident(blocks, 1, computed=4 * BS, complete=victim_complete)
+    question = waiting(0, prompt=8 * BS)  # ranked first: takes the whole step and all 8 blocks
+    return plan_step([question, victim, *held_by_streams], blocks, StepBudget(8 * BS, BS), cost, pool)
+
+
+def test_a_completed_prompt_takes_the_swap_pool_from_blocked_streams():
+    pool = SwapPool(4)
+    stream = _swapped_blocked_stream(pool, 5, 4)
+    decision = _evict_for_a_question(True, pool, [stream])
+    assert decision.dropped == [("r5", 4)]
+    assert [(p.request_id, p.kind) for p in decision.preempted] == [("r1", "swap")]
+    assert pool.held == {"r1": 4}
+
+
+def test_swap_pool_kept_by_blocked_streams_for_a_partial_victim_or_too_little_room():
+    pool = SwapPool(4)
+    stream = _swapped_blocked_stream(pool, 5, 4)
+    decision = _evict_for_a_question(False, pool, [stream])  # an idle stream's KV: not on a clock
+    assert decision.dropped == [] and [p.kind for p in decision.preempted] == ["recompute"]
+    assert pool.held == {"r5": 4}
+    pool = SwapPool(5)
+    small = _swapped_blocked_stream(pool, 5, 2)
+    pool.allocate("r6", 3)  # a completed prompt's swapped KV: never discarded
+    decision = _evict_for_a_question(True, pool, [small])
+    assert decision.dropped == [] and [p.kind for p in decision.preempted] == ["recompute"]
+    assert pool.held == {"r5": 2, "r6": 3}

@@ -45,18 +45,22 @@ def test_deterministic_with_a_seed_and_seed_matters():
     assert _run(traces, "tailguard", seed=6).ttft_s != a.ttft_s
 
 
-def test_blocks_conserved_at_every_step():
-    traces = synthetic_vector_traces(25, seed=4)
-    engine = SimEngine(POLICIES["mcps"](), COST, SimEngineConfig(800, 16, 2048, swap_pool_blocks=300))
+@pytest.mark.parametrize("workload", ["vector", "crawler"])
+def test_blocks_conserved_at_every_step(workload):
+    # crawler: completed prompts take the swap pool from blocked streams (`swaps_dropped`)
+    traces, policy, stretch, qps, device = (
+        (synthetic_vector_traces(25, seed=4), "mcps", 30, 2.0, 800) if workload == "vector"
+        else (synthetic_crawler_traces(40, seed=2), "tailguard", 10, 4.0, 2000))
+    engine = SimEngine(POLICIES[policy](), COST, SimEngineConfig(device, 16, 2048, swap_pool_blocks=300))
     from scheduler.simulator.replay import _Run
     from stream2llm.data.traces import poisson_arrivals
-    run = _Run([t.stretched(30) for t in traces], poisson_arrivals(25, 2.0, 0), [engine], True)
+    run = _Run([t.stretched(stretch) for t in traces], poisson_arrivals(len(traces), qps, 0), [engine], True)
     original_step = engine.step
 
     def checked_step(now):
         outcome = original_step(now)
         views = engine.views.values()
-        assert sum(v.num_kv_blocks for v in views) + engine.blocks.num_free() == 800
+        assert sum(v.num_kv_blocks for v in views) + engine.blocks.num_free() == device
         assert sum(v.num_swapped_blocks for v in views) + engine.swap_pool.num_free() == 300
         for v in views:
             assert v.num_kv_blocks == engine.blocks.held.get(v.request_id, 0)
@@ -65,8 +69,9 @@ def test_blocks_conserved_at_every_step():
 
     engine.step = checked_step
     run.loop()
-    assert engine.num_active == 0 and engine.blocks.num_free() == 800
+    assert engine.num_active == 0 and engine.blocks.num_free() == device
     assert engine.stats.preemptions["swap"] > 0 and engine.stats.preemptions["recompute"] > 0
+    assert engine.stats.swaps_dropped > 0 or workload == "vector"
 
 
 def test_cpu_cost_model_never_swaps():

@@ -35,6 +35,7 @@ class SimEngineStats:
     preemptions: dict[str, int] = field(default_factory=lambda: {"recompute": 0, "swap": 0})
     tokens_invalidated: int = 0
     tokens_recomputed: int = 0
+    swaps_dropped: int = 0  # swapped KV discarded for a completed prompt's (`planner._make_swap_room`)
     tokens_computed: int = 0
     steps: int = 0
     busy_s: float = 0.0
@@ -113,6 +114,11 @@ class SimEngine:
         return outcome
 
     def _apply_preemptions(self, decision: StepDecision) -> float:
+        for request_id, _ in decision.dropped:
+            view = self.views[request_id]
+            view.num_swapped_blocks = view.num_computed_tokens = 0
+            self.stats.swaps_dropped += 1
+            self.queue.touch(view)
         swap_s = 0.0
         for p in decision.preempted:
             view = self.views[p.request_id]

@@ -60,6 +60,7 @@ class SimResult:
     # Engine time spent stepping (prefill + recompute + decode), summed over engines: unlike the
     # makespan, which the arrivals can dominate, it differs by policy (recompute is extra work).
     busy_s: float = 0.0
+    swaps_dropped: int = 0  # swapped KV discarded to make host room for a completed prompt
 
     def percentile(self, q: float) -> float:
         return float(np.percentile(self.ttft_s, q)) if self.ttft_s else float("nan")
@@ -72,7 +73,8 @@ class SimResult:
             "preemptions_by_kind": dict(self.preemptions),
             "tokens_invalidated": self.tokens_invalidated,
             "tokens_recomputed": self.tokens_recomputed, "tokens_computed": self.tokens_computed,
-            "steps": self.steps, "busy_s": self.busy_s, "mean_concurrent_streams": self.mean_concurrent_streams,
+            "steps": self.steps, "busy_s": self.busy_s, "swaps_dropped": self.swaps_dropped,
+            "mean_concurrent_streams": self.mean_concurrent_streams,
             "max_concurrent_streams": self.max_concurrent_streams,
             "num_requests": self.num_requests, "wall_s": self.wall_s,
         }
@@ -159,7 +161,8 @@ class _Run:
 
     def result(self, config: SimConfig, started: float) -> SimResult:
         preemptions = {"recompute": 0, "swap": 0}
-        totals = {"tokens_invalidated": 0, "tokens_recomputed": 0, "tokens_computed": 0, "steps": 0, "busy_s": 0.0}
+        totals = {"tokens_invalidated": 0, "tokens_recomputed": 0, "tokens_computed": 0, "steps": 0, "busy_s": 0.0,
+                  "swaps_dropped": 0}
         for engine in self.engines:
             for kind, count in engine.stats.preemptions.items():
                 preemptions[kind] += count
@@ -172,7 +175,7 @@ class _Run:
         return SimResult(self.ttft, self.last_finish, preemptions, totals["tokens_invalidated"],
                          totals["tokens_recomputed"], totals["tokens_computed"], totals["steps"],
                          mean_streams, max_streams, time.perf_counter() - started, len(self.traces),
-                         busy_s=totals["busy_s"])
+                         busy_s=totals["busy_s"], swaps_dropped=totals["swaps_dropped"])
 
 
 def _concurrency(spans: list[tuple[float, float]]) -> tuple[float, int]:
