@@ -293,11 +293,12 @@ def policies(data: dict) -> str:
         tail, base = w["sim"][PromptMode.STREAM]["tailguard"], w["sim"][PromptMode.ONESHOT]["default_vllm"]
         if "busy_s" in tail:
             busy.append([name, num(tail["busy_s"]), num(base["busy_s"]), num(tail["busy_s"] / base["busy_s"]),
-                         f"{tail['tokens_recomputed']:,}"])
+                         f"{tail['tokens_recomputed']:,}", num(tail.get("swaps_dropped"))])
     if busy:
         text += ("\n\nEngine busy time (prefill + recompute + decode, s), trace seed 0: the work each mode "
                  "costs, which the makespan hides\n\n"
-                 + table(["scenario", "TailGuard streamed", "one-shot", "ratio", "tokens recomputed"], busy))
+                 + table(["scenario", "TailGuard streamed", "one-shot", "ratio", "tokens recomputed",
+                         "swapped KV dropped"], busy))
     return text
 
 

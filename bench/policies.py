@@ -9,8 +9,10 @@ on the H200 preset's full KV (~815k tokens, 107 GB: ~300 concurrent streams of ~
 about twice that). Vector contexts are smaller (~2.9k tokens), so ~270 streams fit in a full H200;
 its pressure scenario gives the engine 20 GB of KV (~160k tokens, as when the GPU also hosts a
 bigger model or other tenants), about half of what the streams would hold. Host swap pool: 32 GiB.
-Shapes nobody tuned on: `crawler_heavy_tail` (chunk gaps with the same median but three times
-the mean: a heavier tail) and `crawler_many_small` (twice the chunks, each half the size).
+Reshaped workloads: `crawler_heavy_tail` (chunk gaps with the same median but three times the
+mean: a heavier tail) and `crawler_many_small` (twice the chunks, each half the size); no parameter
+was chosen on them, but two planner rules (the memory gate on early prefill, the swap pool
+following the clocks) came from tracing the heavy-tailed one (docs/BENCHMARKS.md).
 Every scenario runs with trace/arrival seeds 0-2 (`--seeds`); each seed's grid is kept in the JSON
 (`seeds`), and `sim` holds seed 0's grid as before. `tailguard_vs_oneshot` says, per seed,
 whether TailGuard's streaming P99 TTFT is at most the one-shot one, and its P50 speed-up.

@@ -48,9 +48,11 @@ before it paid.
 
 Measured in the simulator at paper scale (`python -m bench.policies`, bench/results/policies.json,
 rendered in docs/BENCHMARKS.md; six scenarios, trace seeds 0-2): TailGuard has the lowest streamed
-P99 TTFT of the five policies in all 18 runs, and at most the one-shot P99 in 16; the two misses
-are on the heavy-tailed crawler workload (P99 1.08x and 1.04x one-shot's), whose analysis led to
-the memory gate above (`early_prefill_share` was chosen on seed 0 of the other workloads).
+P99 TTFT of the five policies in all 18 runs, and at most the one-shot P99 in all 18, at parity
+(0.994x) on the heavy-tailed crawler workload's seed 1. The analysis of that workload led to the
+memory gate above and to the planner's rule that a completed prompt's KV may displace blocked
+streams' swapped KV from a full host pool (`planner._make_swap_room`, for every policy);
+`early_prefill_share` was chosen on seed 0 of the other workloads.
 """
 
 from scheduler.policies.base import Policy
