@@ -239,8 +239,9 @@ def _make_swap_room(victim: RequestView, ordered, cost, swap_pool, decision: Ste
     """Host memory goes to the requests whose clock runs first: when a completed prompt's eviction
     would swap but the pool is full, discard the swapped KV of blocked partial streams (they wait
     for a chunk or their question, seconds away), lowest ranked first, if that makes room. Each
-    then recomputes when its question comes, as a one-shot request would; the completed prompt,
-    whose TTFT or decode is on the clock now, comes back by a swap-in instead of a recompute."""
+    recomputes it when it runs again (under a policy that degrades evicted streams, at its
+    question, as a one-shot request would); the completed prompt, whose TTFT or decode is on the
+    clock now, comes back by a swap-in instead of a recompute. Only the simulator passes a pool."""
     if not swap_pays(victim, cost, swap_pool) or swap_pool.can_allocate(victim.num_kv_blocks):
         return
     short, dropped = victim.num_kv_blocks - swap_pool.num_free(), []
