@@ -219,8 +219,7 @@ def _acquire(ordered, chosen, blocks: BlockManager, cost, swap_pool, allowed) ->
             pending = pending or next(victims, None)
             if pending is None or pending[0] < rank:
                 break  # only higher-ranked requests are left to evict: no inversion
-            if pending[1].complete:
-                _make_swap_room(pending[1], ordered, cost, swap_pool, decision)
+            _make_swap_room(pending[1], ordered, cost, swap_pool, decision)
             decision.preempted.append(_evict(pending[1], blocks, cost, swap_pool))
             pending = None
         if extra > 0 and not blocks.can_allocate(extra):
@@ -242,7 +241,8 @@ def _make_swap_room(victim: RequestView, ordered, cost, swap_pool, decision: Ste
     recomputes it when it runs again (under a policy that degrades evicted streams, at its
     question, as a one-shot request would); the completed prompt, whose TTFT or decode is on the
     clock now, comes back by a swap-in instead of a recompute. Only the simulator passes a pool."""
-    if not swap_pays(victim, cost, swap_pool) or swap_pool.can_allocate(victim.num_kv_blocks):
+    if (not victim.complete or not swap_pays(victim, cost, swap_pool)
+            or swap_pool.can_allocate(victim.num_kv_blocks)):
         return
     short, dropped = victim.num_kv_blocks - swap_pool.num_free(), []
     for view in reversed(ordered):
