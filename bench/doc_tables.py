@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 
+from bench.engine_load import summarize as summarize_engine_load
 from bench.results_meta import META_KEY, missing_metadata, run_number
 from stream2llm.data.traces import PromptMode
 
@@ -115,6 +116,25 @@ def engine_load(data: dict) -> str:
             + "), `light_load_speedup_p50` "
             f"{num(summary['light_load_speedup_p50'])} (target >= 3), `tailguard_lowest_p99` "
             f"{num(summary['tailguard_lowest_p99'])} (seeds won per top level: {summary['tailguard_p99_lowest_seeds']}).")
+
+
+def engine_load_history(*runs: dict) -> str:
+    """Every kept full-size engine_load run, its summary recomputed from its per-seed runs by
+    today's `bench.engine_load.summarize` (files written before a key existed get it too)."""
+    rows = []
+    for data in sorted(runs, key=lambda d: d[META_KEY]["date_utc"]):
+        meta = data[META_KEY]
+        summary = summarize_engine_load(data["runs"], [str(q) for q in data["qps"]], [str(s) for s in meta["seeds"]])
+        ratios = summary["stream_vs_oneshot_ratios"]
+        worst = max(ratios, key=ratios.get)
+        rows.append([meta["commit"][:7], meta["date_utc"][:16].replace("T", " "),
+                     f"{num(summary['stream_vs_oneshot_worst_ratio'])} (QPS {worst.replace('/', ' ')})",
+                     num(summary["stream_vs_oneshot_worst_ratio_of_medians"]),
+                     num(summary["stream_vs_oneshot_worst_seed_ratio"]), num(summary["light_load_speedup_p50"]),
+                     ", ".join(f"QPS {q}: {w} of {len(meta['seeds'])}"
+                               for q, w in summary["tailguard_p99_lowest_seeds"].items())])
+    return table(["commit", "date (UTC)", "worst ratio, median per-seed (cell)", "worst ratio of medians",
+                  "worst single seed", "light-load P50 speed-up", "TailGuard lowest P99 (seeds)"], rows)
 
 
 def central(data: dict) -> str:
