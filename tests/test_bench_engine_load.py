@@ -32,6 +32,7 @@ def test_ratios_pair_each_seed_with_itself():
     assert summary["stream_vs_oneshot_ratios"]["4.0/p50"] == pytest.approx(0.9)
     assert summary["stream_vs_oneshot_worst_ratio"] == pytest.approx(0.9)
     assert summary["stream_vs_oneshot_worst_ratio_of_medians"] == pytest.approx(1.07)
+    assert summary["stream_vs_oneshot_worst_seed_ratio"] == pytest.approx(1.07)
     assert summary["light_load_speedup_p50"] == pytest.approx(2.5)
     assert summary["tailguard_lowest_p99"] is True
 
@@ -41,6 +42,7 @@ def test_a_loss_on_most_seeds_misses_the_target():
     one_shot = {"0.25": {"0": 0.2, "1": 0.2, "2": 0.2}, "4.0": {"0": 0.25, "1": 0.30, "2": 1.5}}
     summary = summarize(_results(stream, one_shot, others=0.31), LEVELS, SEEDS)
     assert summary["stream_vs_oneshot_worst_ratio"] == pytest.approx(1.1)
+    assert summary["stream_vs_oneshot_worst_seed_ratio"] == pytest.approx(1.2)
     assert summary["light_load_speedup_p50"] == pytest.approx(2.0)
     # another policy's P99 (0.31 s) beats TailGuard's on seeds 1 and 2 at QPS 4
     assert summary["tailguard_p99_lowest_seeds"]["4.0"] == 1
