@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-from bench.engine_load import summarize as summarize_engine_load
+from bench.engine_load import REPLAY_ORDER_PER_ENGINE, summarize as summarize_engine_load
 from bench.results_meta import META_KEY, missing_metadata, run_number
 from stream2llm.data.traces import PromptMode
 
@@ -125,12 +125,13 @@ def engine_load_history(*runs: dict) -> str:
         ratios = summary["stream_vs_oneshot_ratios"]
         worst = max(ratios, key=ratios.get)
         rows.append([meta["commit"][:7], meta["date_utc"][:16].replace("T", " "),
+                     data.get("replay_order", REPLAY_ORDER_PER_ENGINE),
                      f"{num(summary['stream_vs_oneshot_worst_ratio'])} (QPS {worst.replace('/', ' ')})",
                      num(summary["stream_vs_oneshot_worst_ratio_of_medians"]),
                      num(summary["stream_vs_oneshot_worst_seed_ratio"]), num(summary["light_load_speedup_p50"]),
                      ", ".join(f"QPS {q}: {w} of {len(meta['seeds'])}"
                                for q, w in summary["tailguard_p99_lowest_seeds"].items())])
-    return table(["commit", "date (UTC)", "worst ratio, median per-seed (cell)", "worst ratio of medians",
+    return table(["commit", "date (UTC)", "replay order", "worst ratio, median per-seed (cell)", "worst ratio of medians",
                   "worst single seed", "light-load P50 speed-up", "TailGuard lowest P99 (seeds)"], rows)
 
 

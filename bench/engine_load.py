@@ -4,10 +4,11 @@
         ->  bench/results/engine_load.json
 
 One vLLM engine per policy (SmolLM2 on this CPU; its KV cache a fraction of what the concurrent
-streams hold at the higher levels) replays crawler-shaped sessions scaled to this CPU (a search
-chunk and a few page chunks of ~70-200 tokens, the paper's gap distribution, time-compressed by
-`--delay`) with Poisson arrivals, at each QPS level and seed: chunks appended as they arrive, the
-question with the last one. The one-shot baseline sends the whole prompt when the last chunk
+streams hold at the higher levels), all five up for the whole sweep, replays crawler-shaped
+sessions scaled to this CPU (a search chunk and a few page chunks of ~70-200 tokens, the paper's
+gap distribution, time-compressed by `--delay`) with Poisson arrivals, at each QPS level and seed:
+chunks appended as they arrive, the question with the last one. Each (qps, seed) cell is replayed
+by every (policy, mode) in turn before the next cell (`run_cells`, recorded as `replay_order`). The one-shot baseline sends the whole prompt when the last chunk
 arrives (on the default_vllm engine, no prefix reuse). TTFT counts from the moment the question is
 handed over, E2E from then to the last token.
 
@@ -51,6 +52,8 @@ from scheduler.policies import POLICIES
 
 RESULTS = Path(__file__).parent / "results" / "engine_load.json"
 ONE_SHOT_ENGINE = "default_vllm"  # complete requests only: the order barely matters
+# Runs written before `run_cells` have no `replay_order`: each engine swept every cell in turn.
+REPLAY_ORDER_INTERLEAVED, REPLAY_ORDER_PER_ENGINE = "cells interleaved", "engine by engine"
 KEYS = ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "makespan_s",
         "preemptions", "tokens_recomputed")
 FULL = dict(qps=(0.25, 0.5, 1.0, 2.0, 4.0), seeds=(0, 1, 2), sessions=16, delay=0.5)
@@ -69,28 +72,45 @@ def run_key(summary: dict) -> dict:
     return row
 
 
-async def run_policy(args, policy: str, modes: tuple[str, ...]) -> dict:
+async def start_engine(args, policy: str):
     from engine.vllm_engine import create_engine
 
-    engine = await create_engine(EngineConfig(
+    return await create_engine(EngineConfig(
         model=args.model, max_model_len=args.max_model_len, kv_cache_memory_bytes=args.kv_bytes,
         max_num_seqs=64, max_num_batched_tokens=args.max_num_batched_tokens,
         answer_budget_tokens=SHAPE["output_tokens"], policy=policy, dtype=args.dtype))
+
+
+def run_order() -> list[tuple[str, str]]:
+    """Every (policy, mode) replayed in each cell: the policies streaming, and the one-shot baseline."""
+    return [(policy, mode) for policy in POLICIES
+            for mode in (tuple(PromptMode) if policy == ONE_SHOT_ENGINE else (PromptMode.STREAM,))]
+
+
+def rotated(order: list, cell: int) -> list:
+    """The cell's replay order: the start moves by one each cell, so no (policy, mode) always runs
+    first (on an engine idle since its last cell) or last."""
+    start = cell % len(order)
+    return order[start:] + order[:start]
+
+
+async def run_cells(args, engines: dict) -> dict:
+    """Each (qps, seed) cell is replayed by every (policy, mode) back to back before the next cell.
+    The comparisons of the summary are within a cell, so they are measured minutes apart, not the
+    tens of minutes between one engine's sweep and the next, over which a shared machine drifts."""
     rows: dict = {}
-    try:
-        for level, qps in enumerate(args.qps):
-            for seed in args.seeds:
-                traces = make_traces(args.sessions, seed, args.delay)
-                arrivals = poisson_arrivals(len(traces), qps, seed)
-                for mode in modes:
-                    # distinct prompts per level: no prefix-cache hits from an earlier level's run
-                    summary = await replay(engine, traces, arrivals, mode == PromptMode.STREAM, seed=seed * 100 + level)
-                    rows.setdefault(mode, {}).setdefault(str(qps), {})[str(seed)] = run_key(summary)
-                    print(f"{policy:13s} {mode:8s} qps {qps:5.2f} seed {seed}: "
-                          f"p50 {summary['ttft_p50_s']:.3f} p99 {summary['ttft_p99_s']:.3f} s "
-                          f"preempt {summary['preemptions']}", flush=True)
-    finally:
-        await engine.shutdown()
+    cells = [(level, qps, seed) for level, qps in enumerate(args.qps) for seed in args.seeds]
+    for cell, (level, qps, seed) in enumerate(cells):
+        traces = make_traces(args.sessions, seed, args.delay)
+        arrivals = poisson_arrivals(len(traces), qps, seed)
+        for policy, mode in rotated(run_order(), cell):
+            # distinct prompts per level: no prefix-cache hits from an earlier level's run
+            summary = await replay(engines[policy], traces, arrivals, mode == PromptMode.STREAM,
+                                   seed=seed * 100 + level)
+            rows.setdefault(policy, {}).setdefault(mode, {}).setdefault(str(qps), {})[str(seed)] = run_key(summary)
+            print(f"{policy:13s} {mode:8s} qps {qps:5.2f} seed {seed}: "
+                  f"p50 {summary['ttft_p50_s']:.3f} p99 {summary['ttft_p99_s']:.3f} s "
+                  f"preempt {summary['preemptions']}", flush=True)
     return rows
 
 
@@ -129,11 +149,14 @@ def summarize(results: dict, levels: list[str], seeds: list[str]) -> dict:
 
 
 async def main_async(args) -> dict:
-    results = {}
-    for policy in POLICIES:
-        modes = tuple(PromptMode) if policy == ONE_SHOT_ENGINE else (PromptMode.STREAM,)
-        results[policy] = await run_policy(args, policy, modes)
-    return results
+    # All engines stay up for the whole sweep; an idle vLLM engine takes no CPU.
+    engines = {}
+    try:
+        for policy in POLICIES:
+            engines[policy] = await start_engine(args, policy)
+        return await run_cells(args, engines)
+    finally:
+        await asyncio.gather(*(engine.shutdown() for engine in engines.values()))
 
 
 def main(argv=None) -> int:
@@ -162,6 +185,7 @@ def main(argv=None) -> int:
     levels, seeds = [str(q) for q in args.qps], [str(s) for s in args.seeds]
     report = {"quick": args.quick, "sessions": args.sessions, "delay": args.delay, "qps": list(args.qps),
               "kv_bytes": args.kv_bytes, "max_num_batched_tokens": args.max_num_batched_tokens,
+              "replay_order": REPLAY_ORDER_INTERLEAVED,
               "shape": SHAPE, "wall_s": time.perf_counter() - started,
               "summary": summarize(results, levels, seeds), "runs": results}
     print({k: v for k, v in report["summary"].items() if k != "stream_vs_oneshot_ratios"})

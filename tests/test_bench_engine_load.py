@@ -47,3 +47,32 @@ def test_a_loss_on_most_seeds_misses_the_target():
     # another policy's P99 (0.31 s) beats TailGuard's on seeds 1 and 2 at QPS 4
     assert summary["tailguard_p99_lowest_seeds"]["4.0"] == 1
     assert summary["tailguard_lowest_p99"] is False
+
+
+def test_every_cell_is_replayed_by_every_run_before_the_next(monkeypatch):
+    import asyncio
+    from types import SimpleNamespace
+
+    import bench.engine_load as engine_load
+
+    calls = []
+
+    async def fake_replay(engine, traces, arrivals, streaming, seed):
+        calls.append((engine, streaming, seed))
+        return {"ttft_p50_s": 1.0, "ttft_p99_s": 1.0, "preemptions": 0}
+
+    monkeypatch.setattr(engine_load, "replay", fake_replay)
+    monkeypatch.setattr(engine_load, "run_key", lambda summary: summary)
+    args = SimpleNamespace(qps=(0.5, 4.0), seeds=(0, 2), sessions=2, delay=0.2)
+    rows = asyncio.run(engine_load.run_cells(args, {p: p for p in POLICIES}))
+    order = engine_load.run_order()
+    runs = len(order)
+    assert runs == len(POLICIES) + 1 and (ONE_SHOT_ENGINE, PromptMode.ONESHOT) in order
+    assert len(calls) == 4 * runs
+    for cell in range(4):
+        block = calls[cell * runs:(cell + 1) * runs]
+        assert len({seed for _, _, seed in block}) == 1  # one cell, whole, before the next
+        assert sorted((e, s) for e, s, _ in block) == sorted((p, m == PromptMode.STREAM) for p, m in order)
+        assert (block[0][0], block[0][1]) == (order[cell][0], order[cell][1] == PromptMode.STREAM)
+    assert set(rows[ONE_SHOT_ENGINE]) == set(PromptMode)
+    assert set(rows[ONE_SHOT_ENGINE][PromptMode.ONESHOT]) == {"0.5", "4.0"}
