@@ -108,7 +108,8 @@ def engine_load(data: dict) -> str:
     summary = data["summary"]
     return (table(["policy", "mode", *(f"QPS {q}: TTFT p50 / p99 (s)" for q in levels)], rows) + "\n\n"
             f"{data['sessions']} sessions per run, seeds {data[META_KEY]['seeds']}, "
-            f"KV {data['kv_bytes'] / 2**20:.0f} MiB. `stream_vs_oneshot_worst_ratio` "
+            f"KV {data['kv_bytes'] / 2**20:.0f} MiB, replay order: {data.get('replay_order', REPLAY_ORDER_PER_ENGINE)}. "
+            f"`stream_vs_oneshot_worst_ratio` "
             f"{num(summary['stream_vs_oneshot_worst_ratio'])} (target <= 1.0; as a ratio of medians "
             f"{num(summary['stream_vs_oneshot_worst_ratio_of_medians'])}), `light_load_speedup_p50` "
             f"{num(summary['light_load_speedup_p50'])} (target >= 3), `tailguard_lowest_p99` "
