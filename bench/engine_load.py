@@ -8,9 +8,10 @@ streams hold at the higher levels), all five up for the whole sweep, replays cra
 sessions scaled to this CPU (a search chunk and a few page chunks of ~70-200 tokens, the paper's
 gap distribution, time-compressed by `--delay`) with Poisson arrivals, at each QPS level and seed:
 chunks appended as they arrive, the question with the last one. Each (qps, seed) cell is replayed
-by every (policy, mode) in turn before the next cell (`run_cells`, recorded as `replay_order`). The one-shot baseline sends the whole prompt when the last chunk
-arrives (on the default_vllm engine, no prefix reuse). TTFT counts from the moment the question is
-handed over, E2E from then to the last token.
+by every (policy, mode) in turn before the next cell (`run_cells`, recorded as `replay_order`).
+The one-shot baseline sends the whole prompt when the last chunk arrives (on the default_vllm
+engine, no prefix reuse). TTFT counts from the moment the question is handed over, E2E from then
+to the last token.
 
 Per (policy, mode, qps, seed): ttft_p50_s, ttft_p95_s, ttft_p99_s, e2e_p50_s, e2e_p99_s,
 makespan_s, preemptions, tokens_recomputed, plus `serving` (the `vllm bench serve` keys of
@@ -89,7 +90,7 @@ def run_order() -> list[tuple[str, str]]:
 
 def rotated(order: list, cell: int) -> list:
     """The cell's replay order: the start moves by one each cell, so no (policy, mode) always runs
-    first (on an engine idle since its last cell) or last."""
+    first or last in its cell."""
     start = cell % len(order)
     return order[start:] + order[:start]
 
