@@ -52,7 +52,7 @@ REGISTRY: dict[str, Entry] = {
     "engine_load_history": Entry(("engine_load_full_c37ccd0.json", "engine_load_full_4abc8b2.json",
                                   "engine_load_full_bd2ea9f.json", "engine_load_full_2e09fe4.json",
                                   "engine_load_full_b2a588a.json", "engine_load_full_de08164.json",
-                                  "engine_load.json"), doc_tables.engine_load_history),
+                                  "engine_load_full_b154420.json", "engine_load.json"), doc_tables.engine_load_history),
     "pipeline": Entry("pipeline.json", doc_tables.pipeline),
     "pipeline_qps0.15": Entry("pipeline_qps0.15.json", doc_tables.pipeline),
     "replay_tiny_sweep": Entry("replay_tiny_sweep/results.json", doc_tables.replay_sweep),
