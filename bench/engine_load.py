@@ -100,11 +100,12 @@ async def run_cells(args, engines: dict) -> dict:
     The comparisons of the summary are within a cell, so they are measured minutes apart, not the
     tens of minutes between one engine's sweep and the next, over which a shared machine drifts."""
     rows: dict = {}
+    order = run_order()
     cells = [(level, qps, seed) for level, qps in enumerate(args.qps) for seed in args.seeds]
     for cell, (level, qps, seed) in enumerate(cells):
         traces = make_traces(args.sessions, seed, args.delay)
         arrivals = poisson_arrivals(len(traces), qps, seed)
-        for policy, mode in rotated(run_order(), cell):
+        for policy, mode in rotated(order, cell):
             # distinct prompts per level: no prefix-cache hits from an earlier level's run
             summary = await replay(engines[policy], traces, arrivals, mode == PromptMode.STREAM,
                                    seed=seed * 100 + level)
