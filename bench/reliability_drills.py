@@ -7,9 +7,9 @@
   `drain`: the leak check after the load.
 
 A client whose stream is cut after the answer began reconnects with Last-Event-ID (the rest of the
-answer, nothing run again: `resumed`); one cut before any answer event, or refused by Serve's proxy
-with no ingress answering (5xx), asks again once, as a user would (`reasked`: retrieval and
-generation run again). Either is counted; neither hides a loss: a
+answer, nothing run again: `resumed`); one cut before any answer event, refused by Serve's proxy
+with no ingress answering (5xx), or whose resume is answered 404 (the answer's replica died too),
+asks again once, as a user would (`reasked`: retrieval and generation run again). Either is counted; neither hides a loss: a
 session is lost only when no attempt brought a final event. A client planned to leave that is
 refused with 429 asks again (up to `LEAVER_ASKS` times): the drill is its disconnect.
 """
@@ -27,6 +27,7 @@ from bench.http_replay import percentile, relative_timings
 from bench.serving_metrics import record_from_summary, serving_metrics
 from pipeline.app import ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT
 from pipeline.config import AppConfig
+from pipeline.errors import SessionGone
 from pipeline.http_util import INGRESS_HEADER
 from pipeline.rag_client import RagResult, apply_event, ask, error_reason, sse_events
 from stream2llm.data.traces import PromptMode
@@ -86,11 +87,17 @@ def is_lost(result: RagResult) -> bool:
     return cut or (isinstance(transport, type) and issubclass(transport, httpx.HTTPError))
 
 
-def _cut_before_answer(result: RagResult) -> bool:
-    """No answer event came, and the request was cut (a lost stream) or refused by Serve's proxy
-    (a 5xx with no ingress id: no ingress answered it, e.g. the one it went to died)."""
-    if result.last_event_id is not None or result.final:
+def must_ask_again(result: RagResult) -> bool:
+    """What a user does next: ask again when no attempt can continue the answer. The request was cut
+    before any answer event (a lost stream), or refused by Serve's proxy (a 5xx with no ingress id:
+    no ingress answered it, e.g. the one it went to died), or its answer was lost: a resume was
+    answered `SessionGone` (a 404, or an error event when the replica died during the resume)
+    because the replica holding the answer died as well as the ingress that drove the session,
+    the only process that held its context."""
+    if result.final:
         return False
+    if result.last_event_id is not None:
+        return result.resumed > 0 and (result.error or "").startswith(f"{SessionGone.__name__}:")
     refused_by_proxy = result.status >= 500 and not (result.ingresses and result.ingresses[-1])
     return is_lost(result) or refused_by_proxy
 
@@ -111,7 +118,7 @@ async def _one(http: httpx.AsyncClient, base: str, plan) -> tuple[RagResult, boo
         await asyncio.sleep(LEAVER_RETRY_S)
         result, left = await _attempt(http, base, plan)
         result.sent_at, asks = first_sent, asks + 1
-    if left or not _cut_before_answer(result):
+    if left or not must_ask_again(result):
         return result, left, None
     again, left = await _attempt(http, base, plan)
     again.sent_at = result.sent_at  # the user's wait counts from the first attempt
@@ -353,7 +360,7 @@ def summarize(raw: dict, plans) -> dict:
         "counts": counts,
         "recovered": sum(r["recovered"] for r in answered),
         "resumed": sum(r["resumed"] > 0 for r in records),  # cut mid-answer, reconnected (outcomes: ingress_kill)
-        "reasked": sum(r["reasked"] for r in records),       # cut before the answer began, asked again
+        "reasked": sum(r["reasked"] for r in records),       # no attempt could go on (must_ask_again): asked again
         "kill": raw["kill"],
         "ingress_kill": _ingress_kill_outcome(raw.get("ingress_kill", {"killed": False}), records),
         "leaks": raw["drain"],

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.answers import AnswerEnd
 from pipeline.cleanup import cleanup
-from pipeline.errors import LimitExceeded, unwrap
+from pipeline.errors import LimitExceeded, SessionGone, is_replica_gone, unwrap
 from pipeline.sessions import SessionLog
 from pipeline.sources import (AppendChunk, Done, ReplaceContext, SourceError, citation, context_change,
                               open_source, source_type)
@@ -105,11 +105,19 @@ async def token_events(items, stats: dict, session: SessionLog | None = None):
 
 
 async def resume_events(ctx: FlowContext, session_id: str, replica_id: str, after_tokens: int):
-    """The rest of an answer from the replica that holds it (any ingress can serve this)."""
+    """The rest of an answer from the replica that holds it (any ingress can serve this). An answer
+    dies with that replica: a resume holds no context to recover it with, so the client is told to
+    ask again (`SessionGone`, 404), whether the replica is gone before or during the resume."""
     session = SessionLog(session_id, "", replica_id)
     stats: dict = {}
-    async for event in token_events(ctx.client.resume(session, after_tokens), stats, session):
-        yield event
+    try:
+        async for event in token_events(ctx.client.resume(session, after_tokens), stats, session):
+            yield event
+    except Exception as e:
+        if not is_replica_gone(e):
+            raise
+        raise SessionGone(f"the answer of session {session_id!r} was lost with its replica {replica_id}: "
+                          "ask again") from None
     yield "final", {**final_event(session, stats), "resumed": True}, answer_event_id(
         session_id, replica_id, stats.get("output_tokens") or 0)
 

@@ -12,7 +12,8 @@ With `resume_attempts`, a stream cut after the answer began (its ingress died, a
 connection) is picked up again with `Last-Event-ID`, the id of the last answer event received: the
 ingress that takes the reconnect serves the rest of the answer from its replica, with no retrieval
 and no generation run again. A stream cut before any answer event cannot be resumed (a context
-event's id does not lead back into a retrieval): the caller may ask again.
+event's id does not lead back into a retrieval): the caller may ask again. Nor can an answer whose
+replica died too: the resume is answered `SessionGone` (404), and the caller may ask again.
 """
 
 from __future__ import annotations

@@ -118,8 +118,8 @@ class EngineReplica:
         """The rest of an answer this replica generated (or is generating), after `after_tokens`."""
         log = self._answers.get(session_id)
         if log is None:
-            raise SessionGone(f"no answer of session {session_id!r} on this replica (expired, or its "
-                              "replica was lost)")
+            raise SessionGone(f"no answer of session {session_id!r} on this replica (it expired, or the "
+                              "replica that held it was lost): ask again")
         async for item in log.tail(after_tokens):
             yield item
 

@@ -14,7 +14,11 @@ itself, now reported "ingress gone"; both leavers refused with 429, so none left
 again). With the routers' own liveness check (`pipeline/router.py`) it passed 14 runs in a row;
 of 18 more, one failed: a recovery replayed its context to the replica it was placed on while its
 open had landed on another (`EngineClient.recover`, fixed); the 8 runs after that fix passed, and
-5 more after the router fix (`pipeline/router.py`: an open's wait no longer spins its event loop). Ingress kills are also tested deterministically in
+5 more after the router fix (`pipeline/router.py`: an open's wait no longer spins its event loop).
+CI at 6005c10 failed on a double fault: a session's answer had begun on the engine replica the
+drill killed, and its ingress was the one killed; its resume through the other ingress was answered
+404 `SessionGone` (no process held the session any more). A user asks again then, and so does the
+drill's client now (`must_ask_again`). Ingress kills are also tested deterministically in
 tests/test_pipeline_ingress.py. How fast the controller drops a replica is a
 benchmark figure (`python -m bench.reliability`: `kill.dropped_by_controller_s`, and per ingress
 router `kill.left_routers_s`), not asserted here.
@@ -25,7 +29,7 @@ import json
 import pytest
 
 from bench.reliability import LoadSpec, plan_sessions, run
-from bench.reliability_drills import is_lost, outcome
+from bench.reliability_drills import is_lost, must_ask_again, outcome
 from pipeline.rag_client import RagResult
 
 pytestmark = pytest.mark.timeout(300)
@@ -44,6 +48,26 @@ def test_outcomes_and_lost_are_classified_from_the_result():
     assert outcome(cut, False) == "lost" and outcome(timeout, False) == "lost"
     assert outcome(RagResult("q", "stream"), False, timed_out=True) == "lost"
     assert outcome(cut, True) == "disconnected"
+
+
+def test_a_user_asks_again_only_when_no_attempt_can_go_on():
+    cut_before = RagResult("q", "stream", status=200, error="RemoteProtocolError: peer closed")
+    by_proxy = RagResult("q", "stream", status=500, error="Internal Server Error", ingresses=[""])
+    assert must_ask_again(cut_before) and must_ask_again(by_proxy)
+    # resumed, and the replica that held the answer is gone too (its ingress died first)
+    answer_lost = RagResult("q", "stream", status=404, error="SessionGone: no answer", last_event_id="s.r1.3",
+                            resumed=1, ingresses=["a", "b"])
+    lost_during_resume = RagResult("q", "stream", status=200, error="SessionGone: lost with its replica",
+                                   last_event_id="s.r1.5", resumed=1)
+    assert must_ask_again(answer_lost) and must_ask_again(lost_during_resume)
+    # answers of the service: not asked again
+    assert not must_ask_again(RagResult("q", "stream", status=404, error="SessionGone: x", ingresses=["a"]))
+    assert not must_ask_again(RagResult("q", "stream", status=500, error="EngineError: x", ingresses=["a"]))
+    assert not must_ask_again(RagResult("q", "stream", status=429, error="AdmissionRejected: full"))
+    error_event = RagResult("q", "stream", status=200, error="AnswerNotReproducible: x", last_event_id="s.r1.3",
+                            resumed=1)
+    assert not must_ask_again(error_event)
+    assert not must_ask_again(RagResult("q", "stream", status=200, final={"citations": []}, last_event_id="s.r1.3"))
 
 
 def test_plan_mixes_sources_and_disconnect_roles(tmp_path):

@@ -1,12 +1,13 @@
 """A reader that leaves before the first answer event: the session is aborted on its replica (the
 finish call may never have reached it, and nobody can resume an answer they have no event id of);
-one that leaves after it: the answer stays for a reconnect. Stand-in engine client (the logic above
-it), real metrics."""
+one that leaves after it: the answer stays for a reconnect. A resume whose replica is lost is told
+to ask again. Stand-in engine client (the logic above it), real metrics."""
 
 import asyncio
 
 from pipeline.answers import AnswerPiece
-from pipeline.flows import FlowContext, answer_events
+from pipeline.errors import SessionGone, http_status
+from pipeline.flows import FlowContext, answer_events, resume_events
 from pipeline.metrics import PipelineMetrics
 from pipeline.sessions import SessionLog
 
@@ -59,3 +60,39 @@ def test_a_reader_gone_before_the_first_answer_event_aborts_the_session():
 def test_a_reader_gone_after_an_answer_event_leaves_the_answer_for_a_reconnect():
     client = _leave_after(events_read=1, tokens_before_stall=1)
     assert client.aborted == [] and client.released == ["s1"]
+
+
+class _LostReplicaClient:
+    """The replica holding the answer dies after `tokens` tokens of the resume."""
+
+    def __init__(self, tokens: int):
+        self.tokens = tokens
+
+    async def resume(self, session, after_tokens):
+        from ray.exceptions import ActorDiedError
+
+        for i in range(self.tokens):
+            yield AnswerPiece(text=f"t{i}", token_ids=[i], finish_reason=None, tokens=after_tokens + i + 1)
+        raise ActorDiedError()
+
+
+def _resume_until_lost(tokens: int) -> tuple[list, BaseException]:
+    async def scenario():
+        ctx = FlowContext(_LostReplicaClient(tokens), None, PipelineMetrics(), None, None, 100)
+        events = []
+        try:
+            async for event in resume_events(ctx, "s1", "r1", 3):
+                events.append(event)
+        except Exception as e:  # noqa: BLE001 - the error is what is asserted
+            return events, e
+        raise AssertionError("the resume ended without an error")
+
+    return asyncio.run(scenario())
+
+
+def test_a_resume_whose_replica_is_lost_says_the_session_is_gone():
+    for tokens in (0, 2):  # the replica gone before the resume reached it, or during it
+        events, error = _resume_until_lost(tokens)
+        assert [e[2] for e in events] == [f"s1.r1.{4 + i}" for i in range(tokens)]
+        assert isinstance(error, SessionGone) and http_status(error) == 404, error
+        assert "ask again" in str(error)

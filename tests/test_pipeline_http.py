@@ -344,3 +344,8 @@ def test_replica_killed_mid_stream_is_recovered_elsewhere(base):
     assert final["recovered"] is True and final["replica_id"] != s["replica_id"]
     assert [c["source_id"] for c in final["citations"]] == ["c1", "c2"]
     assert 0 <= final["tokens_prefilled_before_finish"] <= r.json()["context_tokens"]
+    # An answer dies with its replica: a resume naming the killed one is told to ask again.
+    gone = "0" * 32
+    r = httpx.get(f"{base}/v1/streams/{gone}/answer", headers={"Last-Event-ID": f"{gone}.{s['replica_id']}.1"},
+                  timeout=60)
+    assert r.status_code == 404 and r.json()["error"] == "SessionGone" and "ask again" in r.json()["reason"], r.text
