@@ -8,9 +8,9 @@
 
 A client whose stream is cut after the answer began reconnects with Last-Event-ID (the rest of the
 answer, nothing run again: `resumed`); one cut before any answer event, refused by Serve's proxy
-with no ingress answering (5xx), or whose resume is answered 404 (the answer's replica died too),
-asks again once, as a user would (`reasked`: retrieval and generation run again). Either is counted; neither hides a loss: a
-session is lost only when no attempt brought a final event. A client planned to leave that is
+with no ingress answering (5xx), or whose resume is answered `SessionGone` (the answer's replica
+died too) asks again once, as a user would (`reasked`: retrieval and generation run again). Either
+is counted; neither hides a loss: a session is lost only when no attempt brought a final event. A client planned to leave that is
 refused with 429 asks again (up to `LEAVER_ASKS` times): the drill is its disconnect.
 """
 
@@ -81,10 +81,14 @@ def is_lost(result: RagResult) -> bool:
     """No final event and no error response: the stream was cut, or nothing came in time."""
     if result.final or result.status not in (0, 200):
         return False
-    kind = (result.error or "").split(":", 1)[0]
-    transport = getattr(httpx, kind, None)
+    transport = getattr(httpx, _error_kind(result), None)
     cut = (result.error or "").startswith("the stream ended without")
     return cut or (isinstance(transport, type) and issubclass(transport, httpx.HTTPError))
+
+
+def _error_kind(result: RagResult) -> str:
+    """The error's type name: `RagResult.error` reads "<kind>: <reason>"."""
+    return (result.error or "").split(":", 1)[0]
 
 
 def must_ask_again(result: RagResult) -> bool:
@@ -97,7 +101,7 @@ def must_ask_again(result: RagResult) -> bool:
     if result.final:
         return False
     if result.last_event_id is not None:
-        return result.resumed > 0 and (result.error or "").startswith(f"{SessionGone.__name__}:")
+        return result.resumed > 0 and _error_kind(result) == SessionGone.__name__
     refused_by_proxy = result.status >= 500 and not (result.ingresses and result.ingresses[-1])
     return is_lost(result) or refused_by_proxy
 
