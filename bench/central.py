@@ -34,8 +34,8 @@ from pathlib import Path
 import ray
 
 from bench.results_meta import start_run, write_results
-from pipeline.central import get_or_create_scheduler
-from pipeline.central_client import CentralClient
+from pipeline.control.central import get_or_create_scheduler
+from pipeline.control.central_client import CentralClient
 from pipeline.config import AppConfig, SchedulerSettings
 from scheduler.admission import AdmissionController, DemandModel, ReplicaReport
 

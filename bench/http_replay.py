@@ -3,10 +3,10 @@
     spec = BenchSpec(workload="crawler", requests=16, qps=(0.2,), policies=("fcfs",))
     result = run_bench(spec, trace_dir)   # {"config", "cells": [...], "requests": [...]}
 
-One app run per policy (`pipeline.local.local_app`); inside it, one cell per (QPS, prompt mode):
+One app run per policy (`pipeline.run.local.local_app`); inside it, one cell per (QPS, prompt mode):
 each request's trace is written as its own CSV in the app's trace folder (the `trace` source replays
 the first query of a named file), requests are sent at seeded Poisson arrival times as concurrent
-tasks through `pipeline.rag_client.ask`, and `GET /v1/cluster` is sampled as a time series.
+tasks through `pipeline.run.rag_client.ask`, and `GET /v1/cluster` is sampled as a time series.
 Both modes of a QPS share arrival times and trace shapes; their texts differ (file names and
 doc ids carry the cell), so the prefix cache never serves one cell's KV to another. Recorded or
 paper-format CSVs keep their own text: a stream cell may reuse prefix-cached KV of an earlier cell
@@ -185,7 +185,7 @@ async def poll_cluster(http: httpx.AsyncClient, base: str, stop: asyncio.Event, 
 
 
 async def _one(http, base, name: str, question: str, send_at: float, mode: str, max_tokens: int) -> dict:
-    from pipeline.rag_client import ask
+    from pipeline.run.rag_client import ask
 
     await asyncio.sleep(max(0.0, send_at - time.monotonic()))
     result = await ask(http, base, question, {"type": "trace", "trace": name},
@@ -247,7 +247,7 @@ def app_config(spec: BenchSpec, policy: str, trace_dir: Path):
 
 
 async def _warm_up(base: str, trace_dir: Path, seed: int) -> None:
-    from pipeline.rag_client import ask
+    from pipeline.run.rag_client import ask
 
     trace = synthetic_crawler_traces(1, seed, **WARM_UP_SHAPE)
     ((name, question),) = write_request_traces(trace, trace_dir, f"warmup-{time.time_ns()}")
@@ -277,7 +277,7 @@ async def _policy_cells(base: str, spec: BenchSpec, policy: str, trace_dir: Path
 
 def run_policy(spec: BenchSpec, policy: str, trace_dir: Path, on_done=lambda: None) -> list[dict]:
     """Start the app with `policy`, run every (QPS, mode) cell against it, tear it down."""
-    from pipeline.local import local_app
+    from pipeline.run.local import local_app
 
     config = app_config(spec, policy, trace_dir)
     ready = max(1, config.replicas.initial_replicas or config.replicas.min_replicas)

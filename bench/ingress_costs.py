@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import httpx
 
-from pipeline.metrics import INGRESS_CHUNK_BYTES, INGRESS_PROCESS, REPLICA_CONTEXT_CHUNKS
+from pipeline.ingress.metrics import INGRESS_CHUNK_BYTES, INGRESS_PROCESS, REPLICA_CONTEXT_CHUNKS
 
 COUNTERS = {"ingress_cpu_s": f"{INGRESS_PROCESS}_process_cpu_seconds_total",
             "ingress_chunk_bytes": f"{INGRESS_CHUNK_BYTES}_total",

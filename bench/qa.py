@@ -28,8 +28,8 @@ from bench.qa_report import MODES, make_row, rejudge_legacy, summarize
 from bench.results_meta import engine_dtype, legacy_meta, start_run, write_results
 from engine.config import DEFAULT_MODEL
 from pipeline.config import AppConfig
-from pipeline.local import local_app
-from pipeline.rag_client import RagResult, ask
+from pipeline.run.local import local_app
+from pipeline.run.rag_client import RagResult, ask
 from stream2llm.data.corpus import GroundedQuestion, load_grounded_questions, load_question_set
 
 RESULTS = Path(__file__).parent / "results" / "qa.json"

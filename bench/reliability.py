@@ -177,7 +177,7 @@ async def _outcome_of(task: asyncio.Task, if_cancelled: dict) -> dict:
 
 
 def run(spec: LoadSpec, trace_dir: Path) -> dict:
-    from pipeline.local import local_app
+    from pipeline.run.local import local_app
 
     plans = plan_sessions(spec, trace_dir)
     config = app_config(spec, trace_dir)

@@ -1,6 +1,6 @@
 """The parts of `bench.reliability` that act on one session or on the cluster, and the summary.
 
-- `send_session`: one open-loop /v1/rag session (`pipeline.rag_client.ask`), or a client that
+- `send_session`: one open-loop /v1/rag session (`pipeline.run.rag_client.ask`), or a client that
   leaves on purpose at its first `context` event (mid-retrieval) or first `token` (mid-answer);
 - `collect_memory`: RSS of this Ray cluster's processes and Serve's running replica count over time;
 - `kill_busiest_replica`: the replica-kill drill; `kill_an_ingress`: the ingress-kill drill;
@@ -28,8 +28,8 @@ from bench.serving_metrics import record_from_summary, serving_metrics
 from pipeline.app import ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT
 from pipeline.config import AppConfig
 from pipeline.errors import SessionGone
-from pipeline.http_util import INGRESS_HEADER
-from pipeline.rag_client import RagResult, apply_event, ask, error_reason, sse_events
+from pipeline.ingress.http_util import INGRESS_HEADER
+from pipeline.run.rag_client import RagResult, apply_event, ask, error_reason, sse_events
 from stream2llm.data.traces import PromptMode
 
 MEMORY_INTERVAL_S = 1.0
@@ -233,7 +233,7 @@ async def _dropped_by_controller_s(replica_id: str, killed_at: float, deployment
 async def _left_routers_s(http: httpx.AsyncClient, base: str, replica_id: str, killed_wall: float,
                           timeout_s: float = 30.0) -> dict[str, float | str | None]:
     """Per ingress replica: seconds from the kill until its router stopped routing to the replica
-    (`pipeline.routing_exits`, shown in /v1/cluster); "never listed" for a router that did not list
+    (`pipeline.control.routing_exits`, shown in /v1/cluster); "never listed" for a router that did not list
     it (an ingress started after the kill); "ingress gone" for one that last answered listing it
     and then left the running ingresses (killed: its router went with it, when it let go is
     unknown); None for one still listing it after `timeout_s`. Polls /v1/cluster (the proxy spreads

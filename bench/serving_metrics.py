@@ -76,7 +76,7 @@ def record_from_summary(summary: dict, *, sent_key: str = "sent_s") -> RequestRe
 
 
 def record_from_rag(result) -> RequestRecord:
-    """A record from a `pipeline.rag_client.RagResult` (read by attribute; nothing imported): TTFT
+    """A record from a `pipeline.run.rag_client.RagResult` (read by attribute; nothing imported): TTFT
     from `retrieval_done` (the paper's), output tokens from the final event."""
     return RequestRecord(sent_s=result.sent_at, first_token_s=result.first_token_at, end_s=result.done_at,
                          output_tokens=result.final.get("output_tokens"), token_times=tuple(result.token_times),

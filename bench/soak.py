@@ -84,7 +84,7 @@ async def _drain(base: str, idle_kv_blocks: int, timeout_s: float) -> dict:
 
 
 def run(args) -> dict:
-    from pipeline.local import local_app
+    from pipeline.run.local import local_app
 
     env = {"SOAK_MAX_TOKENS": str(args.max_tokens), "SOAK_DISCONNECT": str(args.disconnect)}
     with local_app(app_config(args.model, args.session_ttl), num_cpus=args.num_cpus) as base, \

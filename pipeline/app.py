@@ -15,12 +15,12 @@ from __future__ import annotations
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from pipeline.autoscale import autoscaling_config
-from pipeline.central import HEAD_NODE_RESOURCE
+from pipeline.control.autoscale import autoscaling_config
+from pipeline.control.central import HEAD_NODE_RESOURCE
 from pipeline.config import AppConfig, load_config
-from pipeline.ingress import IngressRoutes, api
-from pipeline.replica import EngineReplica
-from pipeline.router import AffinityRouter
+from pipeline.ingress.deployment import IngressRoutes, api
+from pipeline.replica.deployment import EngineReplica
+from pipeline.control.router import AffinityRouter
 
 ENGINE_DEPLOYMENT = "EngineReplica"
 INGRESS_DEPLOYMENT = "Ingress"

@@ -114,7 +114,7 @@ class ChatCompletionRequest(BaseModel):
         return self.max_completion_tokens or self.max_tokens or 64
 
 
-# ---- documented responses (OpenAPI): the error shapes of pipeline.http_util -------------------
+# ---- documented responses (OpenAPI): the error shapes of pipeline.ingress.http_util -------------------
 class ErrorBody(BaseModel):
     """Every error of the stream2llm routes (extra fields: `retry_after_s` on 429)."""
 

@@ -3,7 +3,7 @@
 The only place the pipeline touches `retrievers/`: every source becomes an async iterator of
 `retrievers.events` (AppendChunk / ReplaceContext / SourceError / Done). Inline documents and
 offline-corpus doc ids are built here; crawl, search, vector and trace go through the retriever
-Ray actors (streaming generators) in `retrievers.ray_actors` (see `pipeline.retriever_actors`).
+Ray actors (streaming generators) in `retrievers.ray_actors` (see `pipeline.ingress.retriever_actors`).
 """
 
 from __future__ import annotations

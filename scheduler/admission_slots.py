@@ -4,7 +4,7 @@ Part of `scheduler.admission.AdmissionController` (a mixin over its placements a
 An ingress process that admits many sessions holds a few slots per source type; an admission takes
 one locally (microseconds instead of an actor call) and the binding (which session took which slot)
 follows in the holder's next batch. Slots are granted only while nobody waits in the queue
-(holders give theirs back once somebody does: `pipeline.central_client`), and on a replica only
+(holders give theirs back once somebody does: `pipeline.control.central_client`), and on a replica only
 while it keeps free room for more sessions than it has slots (slots take at most half of any
 replica's free room), so under pressure admissions go through `try_admit` and the queue. An unused
 slot is a placement with a lease: it expires like a one-shot request's. Their cost: that reserved

@@ -12,7 +12,7 @@ import sys
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("engine.models", "convert/build the offline models into the cache folder"),
-    "demo": ("pipeline.demo", "the main job: grounded questions through the Ray Serve app, streamed vs one-shot"),
+    "demo": ("pipeline.run.demo", "the main job: grounded questions through the Ray Serve app, streamed vs one-shot"),
     "engine-demo": ("engine.demo", "stream Wikipedia summaries straight into the engine and compare TTFT"),
 }
 
@@ -22,7 +22,7 @@ def _optional_subcommands() -> None:
     extra = {
         "sim": ("scheduler.cli_sim", "discrete-event simulation of scheduling policies"),
         "calibrate": ("engine.calibrate", "measure recompute latency and write a cost model"),
-        "serve": ("pipeline.cli_serve", "run the Ray Serve application"),
+        "serve": ("pipeline.run.serve", "run the Ray Serve application"),
         "index": ("retrievers.cli_index", "build the FAISS index over the corpus"),
     }
     for name, (module, help_text) in extra.items():

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from pipeline.local import REPO, local_app  # noqa: F401 (REPO re-exported)
+from pipeline.run.local import REPO, local_app  # noqa: F401 (REPO re-exported)
 from tests.conftest import TINY_DTYPE  # noqa: F401 (re-exported)
 
 

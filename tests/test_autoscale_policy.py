@@ -3,7 +3,7 @@
 Serve wraps every deployment-level policy, custom ones included, with
 `ray.serve.autoscaling_policy._apply_autoscaling_config` (see `DeploymentAutoscalingState.register`
 in ray/serve/_private/autoscaling_state.py): min/max, scaling factors and the upscale/downscale
-delays apply to `KVPressurePolicy` as `pipeline.autoscale.autoscaling_config` wires it. These tests
+delays apply to `KVPressurePolicy` as `pipeline.control.autoscale.autoscaling_config` wires it. These tests
 build the policy exactly that way from our config and drive it with Serve's `AutoscalingContext`.
 Delays are checked by conditions (a decision that must not change yet, then one that must change
 before a generous deadline), never by measured durations.
@@ -18,7 +18,7 @@ from ray.serve._private.constants import SERVE_AUTOSCALING_DECISION_TIMESTAMP_KE
 from ray.serve.autoscaling_policy import _apply_autoscaling_config
 from ray.serve.config import AutoscalingConfig, AutoscalingContext
 
-from pipeline.autoscale import autoscaling_config
+from pipeline.control.autoscale import autoscaling_config
 from pipeline.config import ReplicaSettings
 
 

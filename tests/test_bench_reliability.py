@@ -11,10 +11,10 @@ replicas. History of the ingress-kill drill here: it was out of CI for a while (
 about 14 runs at first, later 2 in 8 and 1 in 8: a session failed, whose error was cut short; an
 ingress reported still listing the dead engine replica, in a later such run the killed ingress
 itself, now reported "ingress gone"; both leavers refused with 429, so none left: leavers now ask
-again). With the routers' own liveness check (`pipeline/router.py`) it passed 14 runs in a row;
+again). With the routers' own liveness check (`pipeline/control/router.py`) it passed 14 runs in a row;
 of 18 more, one failed: a recovery replayed its context to the replica it was placed on while its
 open had landed on another (`EngineClient.recover`, fixed); the 8 runs after that fix passed, and
-5 more after the router fix (`pipeline/router.py`: an open's wait no longer spins its event loop).
+5 more after the router fix (`pipeline/control/router.py`: an open's wait no longer spins its event loop).
 CI at 6005c10 failed on a double fault: a session's answer had begun on the engine replica the
 drill killed, and its ingress was the one killed; its resume through the other ingress was answered
 404 `SessionGone` (no process held the session any more). A user asks again then, and so does the
@@ -30,7 +30,7 @@ import pytest
 
 from bench.reliability import LoadSpec, plan_sessions, run
 from bench.reliability_drills import is_lost, must_ask_again, outcome
-from pipeline.rag_client import RagResult
+from pipeline.run.rag_client import RagResult
 
 pytestmark = pytest.mark.timeout(300)
 

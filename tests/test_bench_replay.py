@@ -111,7 +111,7 @@ def test_cluster_sample_sums_replica_reports():
 
 
 def test_request_traces_are_replayable_and_distinct_per_cell(tmp_path):
-    from pipeline.retriever_actors import load_trace
+    from pipeline.ingress.retriever_actors import load_trace
 
     spec = BenchSpec(workload="vector", requests=2, shape={"top_k": 3})
     traces = load_traces(spec)

@@ -8,7 +8,7 @@ import time
 import pytest
 import ray
 
-from pipeline.central import SchedulerUnavailable, get_or_create_scheduler, scheduler_health
+from pipeline.control.central import SchedulerUnavailable, get_or_create_scheduler, scheduler_health
 from pipeline.config import AppConfig
 
 pytestmark = pytest.mark.timeout(300)
@@ -107,7 +107,7 @@ def _started_at(handle):
 
 
 def test_drain_replica_stops_new_placements_there(central):
-    from pipeline.central_client import drain_replica
+    from pipeline.control.central_client import drain_replica
 
     ray.get(central.report.remote(report("d1")))
     ray.get(central.report.remote(report("d2", used=5)))  # the roomiest after d1
@@ -120,7 +120,7 @@ def test_drain_replica_stops_new_placements_there(central):
 
 
 def test_batched_client_admits_and_releases_in_few_calls(central):
-    from pipeline.central_client import CentralClient
+    from pipeline.control.central_client import CentralClient
 
     ray.get(central.report.remote(report("c1")))
 
@@ -140,7 +140,7 @@ def test_batched_client_admits_and_releases_in_few_calls(central):
 def test_admissions_from_slots_skip_the_actor_and_are_placed_there_afterwards(central):
     """After admissions of a type, the client holds about as many slots and admits the next ones
     without an actor call; every session is placed where the client said, and releases free the room."""
-    from pipeline.central_client import CentralClient
+    from pipeline.control.central_client import CentralClient
 
     ray.get(central.report.remote({**report("c1"), "kv_blocks_total": 1000}))  # room for slots
 
@@ -175,7 +175,7 @@ def test_admissions_from_slots_skip_the_actor_and_are_placed_there_afterwards(ce
 def test_slots_go_back_when_a_session_waits_in_the_queue(local_ray, central_name):
     """A slot would let a new session pass one waiting in the actor's queue: the first reply that
     says somebody waits makes the client give its slots back, and the next admission queues too."""
-    from pipeline.central_client import CentralClient
+    from pipeline.control.central_client import CentralClient
 
     handle = get_or_create_scheduler(AppConfig.model_validate({
         "limits": {"max_queue": 4, "admission_timeout_s": 1.0},
@@ -230,8 +230,8 @@ def test_session_shards_take_a_redeploys_ttl(local_ray, central_name):
     come from different ingress replicas in no set order: one issued earlier that arrives later
     (as the first store's did now and then) does not undo the redeploy's."""
     from pipeline.errors import SessionGone
-    from pipeline.session_store import SessionStore
-    from pipeline.sessions import SessionLog
+    from pipeline.sessions.store import SessionStore
+    from pipeline.sessions.log import SessionLog
 
     def store(ttl_s: float) -> SessionStore:
         return SessionStore(AppConfig.model_validate({"limits": {"session_ttl_s": ttl_s},
@@ -262,8 +262,8 @@ def test_a_killed_session_shard_restarts_with_its_records(local_ray, central_nam
     open session keeps its context, citations and last sequence number (a retried change is still a
     duplicate), the finished one still refuses a second finish."""
     from pipeline.errors import SessionConflict
-    from pipeline.session_store import SessionStore
-    from pipeline.sessions import SessionLog
+    from pipeline.sessions.store import SessionStore
+    from pipeline.sessions.log import SessionLog
     from stream2llm.data.traces import ContextOp
 
     store = SessionStore(AppConfig.model_validate({"scheduler": {"actor_name": central_name},
@@ -297,7 +297,7 @@ def test_a_killed_session_shard_restarts_with_its_records(local_ray, central_nam
 def test_posted_release_does_not_wait_and_a_failed_batch_fails_only_its_admissions(caplog):
     """A release returns before the actor has it; when its batch fails it is logged (reconciliation
     drops the placement), while an admission in the same batch gets the error."""
-    from pipeline.central_client import CentralClient
+    from pipeline.control.central_client import CentralClient
 
     async def scenario():
         handle = _FailingBatches()

@@ -10,8 +10,8 @@ actor (the logic above them):
 import asyncio
 
 from engine.api import SessionNotFoundError
-from pipeline.client import EngineClient
-from pipeline.sessions import SessionLog
+from pipeline.ingress.replica_client import EngineClient
+from pipeline.sessions.log import SessionLog
 from stream2llm.data.traces import ContextOp
 
 

@@ -5,11 +5,11 @@ to ask again. Stand-in engine client (the logic above it), real metrics."""
 
 import asyncio
 
-from pipeline.answers import AnswerPiece
+from pipeline.replica.answers import AnswerPiece
 from pipeline.errors import SessionGone, http_status
-from pipeline.flows import FlowContext, answer_events, resume_events
-from pipeline.metrics import PipelineMetrics
-from pipeline.sessions import SessionLog
+from pipeline.ingress.flows import FlowContext, answer_events, resume_events
+from pipeline.ingress.metrics import PipelineMetrics
+from pipeline.sessions.log import SessionLog
 
 
 class _Client:

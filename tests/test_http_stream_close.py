@@ -3,7 +3,7 @@ so their clean-up (abort the session, release its admission) runs then, not at g
 
 import asyncio
 
-from pipeline.http_util import event_stream
+from pipeline.ingress.http_util import event_stream
 
 
 def test_a_cut_client_closes_the_event_generator_at_once():

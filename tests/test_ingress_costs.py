@@ -4,7 +4,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from bench.ingress_costs import per_session, read_counters
-from pipeline.metrics import PipelineMetrics
+from pipeline.ingress.metrics import PipelineMetrics
 
 
 def test_the_ingress_registry_exposes_every_counter_read():

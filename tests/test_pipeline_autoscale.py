@@ -1,4 +1,4 @@
-"""Serve autoscaling driven by `pipeline.autoscale:KVPressurePolicy`: a bounded load on loopback.
+"""Serve autoscaling driven by `pipeline.control.autoscale:KVPressurePolicy`: a bounded load on loopback.
 
 Sessions arrive faster than one replica's KV holds them: the central scheduler's projected KV use
 and admission queue rise, the policy asks for a second replica, queued sessions land on it, the

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from engine.config import EngineConfig
-from pipeline.autoscale import KVPressurePolicy, autoscaling_config
+from pipeline.control.autoscale import KVPressurePolicy, autoscaling_config
 from pipeline.config import AppConfig, load_config
 from pipeline.errors import LimitExceeded
 
@@ -104,7 +104,7 @@ def test_autoscaling_config_only_when_bounds_differ():
     assert autoscaling_config(fixed) is None
     scaled = AppConfig.model_validate({"replicas": {"min_replicas": 1, "max_replicas": 3}}).replicas
     cfg = autoscaling_config(scaled)
-    assert cfg["policy"]["policy_function"] == "pipeline.autoscale:KVPressurePolicy"
+    assert cfg["policy"]["policy_function"] == "pipeline.control.autoscale:KVPressurePolicy"
     from ray.serve.config import AutoscalingConfig
 
     AutoscalingConfig(**cfg)  # Serve's own validation accepts it
@@ -138,7 +138,7 @@ def test_app_builder_accepts_serve_style_args():
 
 
 def test_cli_serve_print_config(capsys):
-    from pipeline import cli_serve
+    from pipeline.run import serve as cli_serve
 
     parser = argparse.ArgumentParser()
     cli_serve.add_arguments(parser)

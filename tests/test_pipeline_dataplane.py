@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.answers import AnswerCancelled, AnswerEnd, AnswerLog, AnswerLogs, AnswerPiece
-from pipeline.flows import answer_event_id, parse_event_id
-from pipeline.replica_context import ContextLimits, coalesce, pump, settle_replacements
-from pipeline.router import _waits_for
+from pipeline.replica.answers import AnswerCancelled, AnswerEnd, AnswerLog, AnswerLogs, AnswerPiece
+from pipeline.ingress.flows import answer_event_id, parse_event_id
+from pipeline.replica.context import ContextLimits, coalesce, pump, settle_replacements
+from pipeline.control.router import _waits_for
 from retrievers.events import AppendChunk, Chunk, Done, ReplaceContext, SourceError
 from stream2llm.data.traces import ContextOp
 
@@ -181,7 +181,7 @@ def test_router_waits_only_for_a_replica_it_never_listed():
 def test_a_failing_retriever_is_a_source_error_not_a_dead_replica():
     from ray.exceptions import ActorDiedError
 
-    from pipeline.replica_context import RetrieverCall, pull
+    from pipeline.replica.context import RetrieverCall, pull
 
     async def ok():
         return AppendChunk("a", "s1", "d", "t")

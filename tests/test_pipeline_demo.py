@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from pipeline import demo
+from pipeline.run import demo
 
 pytestmark = pytest.mark.timeout(600)
 

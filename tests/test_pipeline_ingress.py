@@ -18,8 +18,8 @@ import httpx
 import pytest
 import ray
 
-from pipeline.http_util import INGRESS_HEADER
-from pipeline.session_owners import serve_actor_alive
+from pipeline.ingress.http_util import INGRESS_HEADER
+from pipeline.replica.session_owners import serve_actor_alive
 from pipeline_fixtures import serve_app, tiny_config, wait_until
 from stream2llm.data.traces import synthetic_crawler_traces, write_crawler_csv
 from test_pipeline_resume import ANSWER, _finish_body, _read_some_then_leave, post, sse_with_ids

@@ -98,7 +98,7 @@ def test_cluster_yaml_ships_this_checkout_and_runs_real_files():
     import shlex
     import tomllib
 
-    from pipeline.cli_serve import parse_overrides
+    from pipeline.run.serve import parse_overrides
     from pipeline.config import load_config
     from stream2llm.cli import SUBCOMMANDS, _optional_subcommands
 

@@ -1,4 +1,4 @@
-"""The engine's request router (`pipeline.router`) on real Ray:
+"""The engine's request router (`pipeline.control.router`) on real Ray:
 - its own liveness check (`actor_dead`): Ray core's local view in this process, which the router
   uses to drop a dead replica without waiting for Serve's controller update (the drills time the
   whole path per ingress);
@@ -15,7 +15,7 @@ import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from pipeline.router import AffinityRouter, actor_dead
+from pipeline.control.router import AffinityRouter, actor_dead
 
 
 @ray.remote(num_cpus=0)

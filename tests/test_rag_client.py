@@ -1,4 +1,4 @@
-"""`pipeline.rag_client.ask` resumes a cut answer with Last-Event-ID, and only an answer.
+"""`pipeline.run.rag_client.ask` resumes a cut answer with Last-Event-ID, and only an answer.
 
 The HTTP side is an `httpx.MockTransport` standing in for the ingress: these tests check the
 client's decisions (when to reconnect, with which id, what it keeps). The real reconnect through a
@@ -10,9 +10,9 @@ import json
 import httpx
 import pytest
 
-from pipeline import rag_client
-from pipeline.http_util import INGRESS_HEADER, sse
-from pipeline.rag_client import ask
+from pipeline.run import rag_client
+from pipeline.ingress.http_util import INGRESS_HEADER, sse
+from pipeline.run.rag_client import ask
 
 FINAL = {"citations": [], "replica_id": "r1"}
 

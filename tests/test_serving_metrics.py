@@ -91,7 +91,7 @@ def test_legacy_metadata_declares_what_is_missing():
 
 def test_record_from_a_rag_result():
     from bench.serving_metrics import record_from_rag
-    from pipeline.rag_client import RagResult
+    from pipeline.run.rag_client import RagResult
 
     r = RagResult("q?", "stream", status=200, final={"output_tokens": 3}, sent_at=1.0, retrieval_done_at=2.0,
                   first_token_at=2.25, done_at=2.75, token_times=[2.25, 2.5, 2.75])

@@ -1,10 +1,10 @@
-"""The session shards' journal (`pipeline.session_journal`) on its own: SQLite files in a temporary
+"""The session shards' journal (`pipeline.sessions.journal`) on its own: SQLite files in a temporary
 folder, no Ray. A shard restarted by Ray reloads it: `test_central_actor.py` kills a real one."""
 
 import os
 import time
 
-from pipeline.session_journal import STALE_JOURNAL_S, SessionJournal, apply_change
+from pipeline.sessions.journal import STALE_JOURNAL_S, SessionJournal, apply_change
 from stream2llm.data.traces import ContextOp
 
 

@@ -1,11 +1,11 @@
-"""`pipeline.session_owners.SessionOwners`: which idle one-request sessions lost their ingress.
+"""`pipeline.replica.session_owners.SessionOwners`: which idle one-request sessions lost their ingress.
 
 The liveness lookup is passed in (on a replica it asks Ray for the ingress actor by name); here a
 set of live owners stands in for it, to check the bookkeeping: who is asked, how often, and which
 sessions come back. tests/test_pipeline_ingress.py checks the real thing with a killed ingress.
 """
 
-from pipeline.session_owners import SessionOwners
+from pipeline.replica.session_owners import SessionOwners
 
 
 class Owners:

@@ -8,7 +8,7 @@ the client's context changes in order (text; replayed on another replica if the 
 citations, the last client sequence number and, once the answer started, the finished mark (a
 second finish is refused). Records idle past the session TTL are dropped, as the replicas drop
 their sessions. Every change is journaled on the shard's node before the call returns
-(`pipeline.session_journal`), and Ray restarts a dead shard, which reloads its journal: a shard's
+(`pipeline.sessions.journal`), and Ray restarts a dead shard, which reloads its journal: a shard's
 death loses no session.
 """
 
@@ -20,10 +20,10 @@ import time
 
 import ray
 
-from pipeline.central import NAMESPACE, on_head_node
+from pipeline.control.central import NAMESPACE, on_head_node
 from pipeline.errors import SessionConflict, SessionGone
-from pipeline.session_journal import SessionJournal, apply_change
-from pipeline.sessions import SessionLog
+from pipeline.sessions.journal import SessionJournal, apply_change
+from pipeline.sessions.log import SessionLog
 
 FIELDS = ("session_id", "source_type", "replica_id", "node_id", "context_tokens", "recovered",
           "last_seq", "created_at")

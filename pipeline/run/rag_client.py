@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from pipeline.http_util import INGRESS_HEADER
+from pipeline.ingress.http_util import INGRESS_HEADER
 from stream2llm.data.traces import PromptMode
 
 ANSWER_EVENTS = ("token", "final")

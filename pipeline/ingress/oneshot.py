@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 
 from pipeline.errors import LimitExceeded
-from pipeline.flows import FlowContext, context_items, final_event, token_events
-from pipeline.sessions import SessionLog
+from pipeline.ingress.flows import FlowContext, context_items, final_event, token_events
+from pipeline.sessions.log import SessionLog
 from pipeline.sources import open_source
 from stream2llm.data.traces import ContextOp, PromptMode
 

@@ -1,7 +1,7 @@
 """FastAPI ingress deployment: /v1/rag, the streaming-input API, OpenAI routes, health, metrics.
 
-Routes are thin: they validate (pydantic), then run a flow from `pipeline.flows` or
-`pipeline.openai_routes`. Errors become `{"error", "reason"}` with a 4xx status (429 with
+Routes are thin: they validate (pydantic), then run a flow from `pipeline.ingress.flows` or
+`pipeline.ingress.openai_routes`. Errors become `{"error", "reason"}` with a 4xx status (429 with
 Retry-After when admission is refused) on every path, FastAPI's validation and Starlette's 404/405
 included; the OpenAI-compatible routes answer with OpenAI's error object instead. Errors after an
 SSE stream started become an `error` event. SSE answers carry ids: a request repeated with
@@ -21,24 +21,24 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.prompt import piece_text
-from pipeline import openai_routes
-from pipeline.central import SchedulerUnavailable, get_or_create_scheduler, scheduler_health
-from pipeline.client import EngineClient
+from pipeline.ingress import openai_routes
+from pipeline.control.central import SchedulerUnavailable, get_or_create_scheduler, scheduler_health
+from pipeline.ingress.replica_client import EngineClient
 from pipeline.config import AppConfig
 from pipeline.errors import AdmissionRejected, BadRequest, unwrap
-from pipeline.cleanup import cleanup
-from pipeline.flows import FlowContext, answer_events, parse_event_id, rag_events, resume_events
-from pipeline.http_util import (LimitsMiddleware, error_response, event_stream, first_then_rest,
+from pipeline.ingress.cleanup import cleanup
+from pipeline.ingress.flows import FlowContext, answer_events, parse_event_id, rag_events, resume_events
+from pipeline.ingress.http_util import (LimitsMiddleware, error_response, event_stream, first_then_rest,
                                 http_exception_response, validation_response)
-from pipeline.metrics import PipelineMetrics
-from pipeline.oneshot import oneshot_rag_events
-from pipeline.prompt import fetch_template
-from pipeline.retriever_actors import RetrieverActors
-from pipeline.routing_exits import LISTED, ROUTING_EXITS
+from pipeline.ingress.metrics import PipelineMetrics
+from pipeline.ingress.oneshot import oneshot_rag_events
+from pipeline.ingress.prompt import fetch_template
+from pipeline.ingress.retriever_actors import RetrieverActors
+from pipeline.control.routing_exits import LISTED, ROUTING_EXITS
 from pipeline.schemas import (BODY_ERRORS, HEALTH_RESPONSES, ChatCompletionRequest, ChunkBody, CompletionRequest,
                               FinishBody, OpenStream, RagRequest, ReplaceBody, error_responses, event_stream_or_json,
                               text_response)
-from pipeline.session_store import SessionStore
+from pipeline.sessions.store import SessionStore
 from pipeline.sources import source_type
 from stream2llm.data.traces import ContextOp, PromptMode
 

@@ -13,9 +13,9 @@ import json
 import time
 import uuid
 
-from pipeline.answers import AnswerEnd
+from pipeline.replica.answers import AnswerEnd
 from pipeline.errors import AdmissionRejected, ModelNotFound, openai_error
-from pipeline.http_util import ClosingStreamingResponse
+from pipeline.ingress.http_util import ClosingStreamingResponse
 from pipeline.schemas import ChatCompletionRequest, CompletionRequest
 
 CHARS_PER_TOKEN = 3  # admission estimate of a prompt's tokens (the ingress has no tokenizer)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 
 from engine.api import SessionNotFoundError
-from pipeline.central_client import CentralClient
-from pipeline.cleanup import cleanup
+from pipeline.control.central_client import CentralClient
+from pipeline.ingress.cleanup import cleanup
 from pipeline.errors import AdmissionRejected, AnswerNotReproducible, is_replica_gone, unwrap
-from pipeline.sessions import SessionLog, new_session_id
+from pipeline.sessions.log import SessionLog, new_session_id
 from stream2llm.data.traces import ContextOp
 
 log = logging.getLogger("stream2llm.client")
@@ -58,7 +58,7 @@ class EngineClient:
     async def _open_on(self, session: SessionLog, replica_id: str) -> None:
         """Open `session` on the replica the central scheduler placed it on. It lives where the open
         landed: a router that cannot use the placed replica (one it has not listed within
-        `pipeline.router.OPEN_WAIT_S`, or one that died) sends the open to another, and every later call follows."""
+        `pipeline.control.router.OPEN_WAIT_S`, or one that died) sends the open to another, and every later call follows."""
         session.replica_id = replica_id  # from now on an abort (a cut-off caller) goes to this replica
         try:
             info = await self._handle.open_session.remote(session.session_id, session.source_type, session.owner,

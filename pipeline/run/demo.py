@@ -23,10 +23,10 @@ import httpx
 from tqdm import tqdm
 
 from engine.config import DEFAULT_MODEL
-from pipeline import demo_report
+from pipeline.run import demo_report
 from pipeline.config import AppConfig
-from pipeline.local import free_port, local_app
-from pipeline.rag_client import RagResult, ask
+from pipeline.run.local import free_port, local_app
+from pipeline.run.rag_client import RagResult, ask
 from stream2llm.data.corpus import WIKI_ATTRIBUTION, GroundedQuestion, load_grounded_questions
 from stream2llm.data.traces import PromptMode
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import ray
 
 from engine.api import ContextTooLongError
-from pipeline.answers import AnswerPiece
+from pipeline.replica.answers import AnswerPiece
 from pipeline.sources import AppendChunk, Done, ReplaceContext, SourceError, citation, context_change
 from stream2llm.data.traces import ContextOp
 

@@ -131,7 +131,7 @@ class CentralScheduler:
         per source type for `holder`. Returns {"decisions", "slots": {type: [[slot, replica]]},
         "slot_s", "closed": replicas whose slots must not be used any more, "queued": whether
         sessions wait in the queue (holders then give their slots back: none jumps the queue)}.
-        See `pipeline.central_client.CentralClient`.
+        See `pipeline.control.central_client.CentralClient`.
         """
         now = time.monotonic()
         for slot_id, session_id, replica_id, source_type in binds:

@@ -17,7 +17,7 @@ stalls routing. Nor does the router wait for Serve's controller to say a replica
 the same process knows of it within ~0.1 s, the controller's health check later. So every
 DEATH_CHECK_S the router drops each replica whose actor Ray's local view (no RPC) reports dead,
 and it never lets a later controller update list such a replica again. Each process records
-when its routers stopped routing to a replica (`pipeline.routing_exits`: Ray reported its actor
+when its routers stopped routing to a replica (`pipeline.control.routing_exits`: Ray reported its actor
 dead, Serve's controller dropped it, or a call found it dead); the ingress shows them in
 /v1/cluster, and the reliability drills time them per ingress.
 """
@@ -31,7 +31,7 @@ import weakref
 from ray.core.generated import gcs_pb2  # a module: Serve's by-value pickling of this file imports it by name
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from pipeline import routing_exits
+from pipeline.control import routing_exits
 
 # A session is admitted to a replica as soon as that replica reports to the central scheduler,
 # which can be a moment before Serve's routers list it (a replica just added by autoscaling).

@@ -16,20 +16,20 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.answers import AnswerEnd
-from pipeline.cleanup import cleanup
+from pipeline.replica.answers import AnswerEnd
+from pipeline.ingress.cleanup import cleanup
 from pipeline.errors import LimitExceeded, SessionGone, is_replica_gone, unwrap
-from pipeline.sessions import SessionLog
+from pipeline.sessions.log import SessionLog
 from pipeline.sources import (AppendChunk, Done, ReplaceContext, SourceError, citation, context_change,
                               open_source, source_type)
 from stream2llm.data.traces import ContextOp
 
 if TYPE_CHECKING:
-    from pipeline.client import EngineClient
-    from pipeline.metrics import PipelineMetrics
-    from pipeline.prompt import PromptTemplate
-    from pipeline.retriever_actors import RetrieverActors
-    from pipeline.session_store import SessionStore
+    from pipeline.ingress.replica_client import EngineClient
+    from pipeline.ingress.metrics import PipelineMetrics
+    from pipeline.ingress.prompt import PromptTemplate
+    from pipeline.ingress.retriever_actors import RetrieverActors
+    from pipeline.sessions.store import SessionStore
 
 
 INLINE_SOURCES = ("documents", "corpus")  # built in the ingress (client-side retrieval)

@@ -1,5 +1,5 @@
 """A session as the ingress sees it during one request (kept between requests by
-`pipeline.session_store`).
+`pipeline.sessions.store`).
 
 The log records every client append/replace in order, so that a session whose replica dies can be
 replayed on another replica; a retriever source's context is rebuilt by running its call again.

@@ -1,7 +1,7 @@
 """The engine replica deployment: one `StreamingEngine` per Serve replica.
 
 Every method takes an optional `route_to` keyword that the replica ignores: the request router
-(`pipeline.router.AffinityRouter`) reads it to send a session's calls to the replica that holds it.
+(`pipeline.control.router.AffinityRouter`) reads it to send a session's calls to the replica that holds it.
 The replica reports its KV use and open sessions to the central scheduler at a steady interval and
 aborts sessions idle longer than the TTL, so an abandoned stream cannot hold KV forever.
 """
@@ -18,14 +18,14 @@ import ray
 from ray import serve
 
 from engine.api import SamplingConfig, SessionNotFoundError
-from pipeline.answers import AnswerEnd, AnswerLogs, AnswerPiece
-from pipeline.central import get_or_create_scheduler
-from pipeline.central_client import drain_replica
+from pipeline.replica.answers import AnswerEnd, AnswerLogs, AnswerPiece
+from pipeline.control.central import get_or_create_scheduler
+from pipeline.control.central_client import drain_replica
 from pipeline.config import AppConfig
 from pipeline.errors import ContextLimitExceeded, SessionConflict, SessionGone, context_limit_errors
-from pipeline.replica_context import (ContextLimits, RetrieverCall, Tokenizer, coalesce, pull, pump,
+from pipeline.replica.context import (ContextLimits, RetrieverCall, Tokenizer, coalesce, pull, pump,
                                       settle_replacements)
-from pipeline.session_owners import IDLE_BEFORE_CHECK_S, SessionOwners, serve_actor_alive
+from pipeline.replica.session_owners import IDLE_BEFORE_CHECK_S, SessionOwners, serve_actor_alive
 from stream2llm.data.traces import ContextOp
 
 log = logging.getLogger("stream2llm.replica")
@@ -59,7 +59,7 @@ class EngineReplica:
     # ---- sessions ------------------------------------------------------------------------
     async def open_session(self, session_id: str, source_type: str = "client", owner: str | None = None,
                            route_to=None) -> dict:
-        """`owner`: the ingress actor driving a one-request session (`pipeline.session_owners`)."""
+        """`owner`: the ingress actor driving a one-request session (`pipeline.replica.session_owners`)."""
         await self._engine.open_session(session_id)
         self._touched[session_id] = time.monotonic()
         self._source[session_id] = source_type
@@ -215,7 +215,7 @@ class EngineReplica:
         return dict(self._last_stats)
 
     def record_autoscaling_stats(self) -> dict:
-        """Custom metrics for `pipeline.autoscale.kv_pressure_policy`."""
+        """Custom metrics for `pipeline.control.autoscale.kv_pressure_policy`."""
         total = self._last_stats.get("kv_blocks_total") or 1
         return {
             "kv_used_frac": self._last_stats.get("kv_blocks_used", 0) / total,

@@ -2,7 +2,7 @@
 
 Crawl, search, vector and trace sources run in retriever actors. The ingress resolves a source to
 a `RetrieverCall` (actor handle + arguments) and hands it to the session's replica, which calls the
-actor's streaming generator itself (`pipeline.replica_context`): chunk text goes retriever ->
+actor's streaming generator itself (`pipeline.replica.context`): chunk text goes retriever ->
 replica and never through the ingress. `stream` consumes the same call locally (the one-shot
 baseline, which buffers its prompt before generating). With `retrievers.crawler_site: local` the pipeline starts
 the offline corpus web site (loopback only) in a small actor and crawls/searches it.
@@ -16,7 +16,7 @@ from pathlib import Path
 import ray
 
 from pipeline.errors import BadRequest, SourceUnavailable
-from pipeline.replica_context import RetrieverCall, pull
+from pipeline.replica.context import RetrieverCall, pull
 
 # A retriever actor that dies (its node, an OOM) comes back; a stream cut by the death ends its
 # session's retrieval with a source_error (the answer uses the context so far), and the next

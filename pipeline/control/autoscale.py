@@ -13,7 +13,7 @@ central scheduler before any call reaches a replica, so Serve's cold-start path 
 handles) never sees them. On scale-down Serve stops a replica of its choosing: it takes it out of
 routing and lets its in-flight calls (answer streams) finish within `graceful_shutdown_timeout_s`
 (`replicas.drain_timeout_s`); the replica's shutdown marks it draining at the central scheduler
-(`pipeline.central_client.drain_replica`), and a session still open on it moves by replay on its
+(`pipeline.control.central_client.drain_replica`), and a session still open on it moves by replay on its
 next call.
 """
 
@@ -65,7 +65,7 @@ def autoscaling_config(replicas) -> dict | None:
         "metrics_interval_s": replicas.report_interval_s,
         "look_back_period_s": max(2.0, 2 * replicas.report_interval_s),
         "policy": {
-            "policy_function": "pipeline.autoscale:KVPressurePolicy",
+            "policy_function": "pipeline.control.autoscale:KVPressurePolicy",
             "policy_kwargs": {"target_kv_frac": replicas.target_kv_frac,
                               "sessions_per_replica": replicas.sessions_per_replica},
         },

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from pipeline.rag_client import RagResult
+from pipeline.run.rag_client import RagResult
 from stream2llm.data.corpus import GroundedQuestion
 from stream2llm.data.traces import PromptMode
 
