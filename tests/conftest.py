@@ -52,3 +52,15 @@ async def collect(deltas) -> tuple[list[int], str]:
         ids.extend(delta.token_ids)
         text += delta.text
     return ids, text
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A one-CPU Ray of this process for a module's actor tests (no Serve, no engine)."""
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, namespace="stream2llm")
+    try:
+        yield
+    finally:
+        ray.shutdown()

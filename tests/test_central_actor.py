@@ -35,15 +35,6 @@ def wait_for(predicate, timeout_s=60.0):
     raise AssertionError("condition not met in time")
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=1, include_dashboard=False, namespace="stream2llm")
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 @pytest.fixture
 def central_name(request) -> str:
     """An actor of its own per test: no test sees another's replicas or placements, in any order."""

@@ -6,7 +6,8 @@ a retry through the other ingress is still a no-op; an ingress killed mid-answer
 the client reconnects with Last-Event-ID (through whichever ingress) and gets the rest, and the
 sessions it served keep working. A /v1/rag session is freed long before the idle TTL when the ingress
 driving it dies: mid-retrieval (its replica's retrieval call dies with its caller), or between calls
-(its replica finds the owner recorded at open gone).
+(its replica finds the owner recorded at open gone). An ingress that dies between claiming a
+chunk's seq and committing it leaves no hole: the retry applies it, once.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import pytest
 import ray
 
 from pipeline.ingress.http_util import INGRESS_HEADER
-from pipeline.replica.session_owners import serve_actor_alive
+from pipeline.control.liveness import serve_actor_alive
 from pipeline_fixtures import serve_app, tiny_config, wait_until
 from stream2llm.data.traces import synthetic_crawler_traces, write_crawler_csv
 from test_pipeline_resume import ANSWER, _finish_body, _read_some_then_leave, post, sse_with_ids
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.random_order(disabled=True)]  # the kills change the layout
 CONTEXT = "Stable context for the same greedy answer. " * 6
+SESSION_TTL_S = 900.0
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def base(tmp_path_factory):
     traces = tmp_path_factory.mktemp("traces")  # a slow retrieval: seconds between chunks
     write_crawler_csv(synthetic_crawler_traces(1, seed=5, tokens_scale=0.05, mean_scrapes=4), traces / "slow.csv")
     config = tiny_config(ingress={"replicas": 2}, retrievers={"trace_dir": str(traces), "trace_multiplier": 3.0},
-                         limits={"resume_grace_s": 30.0, "max_chunks_per_session": 40, "session_ttl_s": 900.0})
+                         limits={"resume_grace_s": 30.0, "max_chunks_per_session": 40, "session_ttl_s": SESSION_TTL_S})
     with serve_app(config) as url:
         yield url
 
@@ -134,3 +136,51 @@ def test_session_idle_between_calls_is_aborted_once_its_owner_is_gone(base):
     wait_until(lambda: session_id not in _replica_sessions(base), timeout=60)  # the idle TTL is 900 s
     assert kept in _replica_sessions(base)
     engine.abort.remote(kept).result(timeout_s=60)
+
+
+@ray.remote(num_cpus=0)
+class DyingIngress:
+    """Does what an ingress does with a chunk that has a seq, up to its commit: claims the seq at
+    the session's shard and applies the chunk on the session's replica (the app's own actors)."""
+
+    def __init__(self, config: dict, name: str):
+        from pipeline.config import AppConfig
+        from pipeline.sessions.store import SessionStore
+
+        self.store = SessionStore(AppConfig.model_validate(config), owner=name)  # the app's shards
+
+    async def claim_and_apply(self, session_id: str, seq: int, text: str) -> int:
+        from ray import serve
+
+        from stream2llm.data.traces import ContextOp
+
+        log, duplicate = await self.store.get(session_id, claim_seq=seq)
+        assert not duplicate
+        engine = serve.get_deployment_handle("EngineReplica", app_name="stream2llm")
+        return await engine.change_context.remote(session_id, ContextOp.APPEND, text, None, seq,
+                                                  route_to=log.replica_id)
+
+
+def test_ingress_dying_between_claim_and_commit_leaves_no_hole(base):
+    """The fault at that moment: the chunk is claimed and prefilled, then its ingress dies. The
+    client's retry (through a living ingress) is applied, not taken for a duplicate, and the replica
+    does not prefill it a second time; from then on it is a duplicate."""
+    sid = _open(base)
+    chunk = {"text": "second fact. " * 4, "seq": 1}
+    assert post(base, f"/v1/streams/{sid}/chunks", {"text": "first fact. ", "seq": 0}).status_code == 200
+    name = f"SERVE_REPLICA::stand-in-{uuid.uuid4().hex[:8]}"
+    config = tiny_config(limits={"session_ttl_s": SESSION_TTL_S})  # the shards' names and TTL as the app's
+    dying = DyingIngress.options(name=name, namespace="serve").remote(config, name)
+    prefilled = ray.get(dying.claim_and_apply.remote(sid, 1, chunk["text"]), timeout=120)
+    busy = post(base, f"/v1/streams/{sid}/chunks", chunk)  # its ingress still lives: being applied
+    assert busy.status_code == 409 and "being applied" in busy.json()["reason"], busy.text
+    ray.kill(dying, no_restart=True)
+    wait_until(lambda: not asyncio.run(serve_actor_alive(name)), timeout=60)
+    retry = post(base, f"/v1/streams/{sid}/chunks", chunk)
+    assert retry.status_code == 200 and retry.json()["duplicate"] is False, retry.text
+    assert retry.json()["chunks"] == 2 and retry.json()["context_tokens"] == prefilled  # applied once
+    again = post(base, f"/v1/streams/{sid}/chunks", chunk)
+    assert again.json()["duplicate"] is True and again.json()["chunks"] == 2
+    r = post(base, f"/v1/streams/{sid}/finish", {"question": "Which facts?", "sampling": {"max_tokens": 4}})
+    name, final, _ = sse_with_ids(r.text)[-1]
+    assert r.status_code == 200 and name == "final" and final["chunks"] == 2, r.text

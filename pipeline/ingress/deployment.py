@@ -59,12 +59,12 @@ class Ingress:
         self.handle = engine_handle
         # Session records live in shard actors (any ingress replica serves any session); idle
         # sessions are dropped there and aborted by their replicas after the TTL.
-        self.sessions = SessionStore(self.config)
-        self.metrics = PipelineMetrics()
-        self.actors = RetrieverActors(self.config)
         replica = serve.get_replica_context().replica_id
         self.ingress_id = replica.unique_id
-        self.actor_name = replica.to_full_id_str()  # what an engine replica looks up: is this ingress alive
+        self.actor_name = replica.to_full_id_str()  # what replicas and shards look up: is this ingress alive
+        self.sessions = SessionStore(self.config, owner=self.actor_name)
+        self.metrics = PipelineMetrics()
+        self.actors = RetrieverActors(self.config)
         LimitsMiddleware.configure(self.config.limits.max_request_bytes, self.config.auth.bearer_tokens,
                                    self.ingress_id)
         self._flow_context: FlowContext | None = None
@@ -183,7 +183,7 @@ class IngressRoutes(Ingress):
         try:
             self.sessions.check_chunk_room(session)
             self.metrics.ingress_chunk_bytes.inc(len(text.encode()))
-            tokens = await self.client.add(session, op, text)
+            tokens = await self.client.add(session, op, text, seq)
         except BaseException:
             if seq is not None:
                 await cleanup(self.sessions.unclaim(session, seq))

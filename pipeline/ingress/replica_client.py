@@ -73,9 +73,10 @@ class EngineClient:
             self._central.release(session.session_id)
         session.replica_id, session.node_id = info["replica_id"], info["node_id"]
 
-    async def add(self, session: SessionLog, op: ContextOp, text: str) -> int:
-        """Append or replace context; the op is logged only once the replica accepted it."""
-        tokens = await self._call(session, "change_context", op, text, self._context_limit)
+    async def add(self, session: SessionLog, op: ContextOp, text: str, seq: int | None = None) -> int:
+        """Append or replace context; the op is logged only once the replica accepted it. `seq`: the
+        client's sequence number, which the replica checks too (`EngineReplica.change_context`)."""
+        tokens = await self._call(session, "change_context", op, text, self._context_limit, seq)
         session.ops.append((op, text))
         session.context_tokens = tokens
         session.touch()

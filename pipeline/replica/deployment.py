@@ -25,7 +25,8 @@ from pipeline.config import AppConfig
 from pipeline.errors import ContextLimitExceeded, SessionConflict, SessionGone, context_limit_errors
 from pipeline.replica.context import (ContextLimits, RetrieverCall, Tokenizer, coalesce, pull, pump,
                                       settle_replacements)
-from pipeline.replica.session_owners import IDLE_BEFORE_CHECK_S, SessionOwners, serve_actor_alive
+from pipeline.control.liveness import serve_actor_alive
+from pipeline.replica.session_owners import IDLE_BEFORE_CHECK_S, SessionOwners
 from stream2llm.data.traces import ContextOp
 
 log = logging.getLogger("stream2llm.replica")
@@ -47,6 +48,7 @@ class EngineReplica:
         self._source: dict[str, str] = {}      # open session -> source type
         self._owners = SessionOwners(serve_actor_alive)
         self._busy: set[str] = set()
+        self._applied_seq: dict[str, int] = {}  # open session -> client seq of the change applied last
         self._last_stats: dict = {}
         self._pressure: dict = {}
         self._tokenize = Tokenizer(self._engine.tokenize)
@@ -67,9 +69,16 @@ class EngineReplica:
         return {"session_id": session_id, "replica_id": self.replica_id, "node_id": self.node_id}
 
     async def change_context(self, session_id: str, op: ContextOp, text: str, limit: int | None = None,
-                             route_to=None) -> int:
-        """Append or replace (`op`); `limit` caps the session's context tokens."""
+                             seq: int | None = None, route_to=None) -> int:
+        """Append or replace (`op`); `limit` caps the session's context tokens. `seq`: the client's
+        sequence number; the change applied last here is not applied twice (its ingress died before
+        recording it and a retry brought it again), an older one is refused."""
         self._known(session_id)
+        last = self._applied_seq.get(session_id, -1)
+        if seq is not None and seq <= last:
+            if seq < last:
+                raise SessionConflict(f"change seq {seq} of session {session_id} is older than seq {last}, applied")
+            return self._engine.session_stats(session_id).context_tokens
         self._busy.add(session_id)
         try:
             ids = await self._tokenize(text)  # once, on a worker thread
@@ -79,7 +88,10 @@ class EngineReplica:
                     raise ContextLimitExceeded(f"context of {kept + len(ids)} tokens exceeds the limit of "
                                                f"{limit} tokens; the session keeps its previous context")
             with context_limit_errors():
-                return await self._engine.change_context(session_id, op, token_ids=ids)
+                tokens = await self._engine.change_context(session_id, op, token_ids=ids)
+            if seq is not None:
+                self._applied_seq[session_id] = max(seq, self._applied_seq.get(session_id, -1))
+            return tokens
         finally:
             self._busy.discard(session_id)
             self._touch(session_id)
@@ -181,6 +193,7 @@ class EngineReplica:
     def _forget(self, session_id: str) -> None:
         self._touched.pop(session_id, None)
         self._source.pop(session_id, None)
+        self._applied_seq.pop(session_id, None)
         self._owners.forget(session_id)
 
     def _session_stats(self, session_id: str) -> dict:

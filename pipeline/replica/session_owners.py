@@ -10,7 +10,6 @@ still exists (one lookup per owner per `recheck_s`, whatever the number of its s
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -48,20 +47,3 @@ class SessionOwners:
                 dead.add(owner)
                 self._alive_at.pop(owner, None)
         return [sid for sid, owner in owned if owner in dead]
-
-
-async def serve_actor_alive(name: str) -> bool:
-    """Whether the named actor in Serve's namespace exists (a dead replica's name is released)."""
-    import ray
-    from ray.serve._private.constants import SERVE_NAMESPACE
-
-    def lookup() -> bool:
-        try:
-            ray.get_actor(name, namespace=SERVE_NAMESPACE)
-        except ValueError:  # no such actor: it died (or never was)
-            return False
-        except Exception:  # noqa: BLE001 - the GCS unreachable for a moment: not a verdict of death
-            return True
-        return True
-
-    return await asyncio.to_thread(lookup)

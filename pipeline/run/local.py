@@ -18,7 +18,7 @@ import httpx
 
 from pipeline.config import AppConfig
 
-REPO = str(Path(__file__).resolve().parent.parent)
+REPO = str(Path(__file__).resolve().parents[2])  # the checkout root
 
 
 def free_port() -> int:

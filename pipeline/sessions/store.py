@@ -10,21 +10,34 @@ second finish is refused). Records idle past the session TTL are dropped, as the
 their sessions. Every change is journaled on the shard's node before the call returns
 (`pipeline.sessions.journal`), and Ray restarts a dead shard, which reloads its journal: a shard's
 death loses no session.
+
+A change with a client `seq` is claimed, applied on the replica, then committed: the commit logs
+the change and raises the session's last sequence number in one step, so a claim alone never makes
+a retry a duplicate. While an ingress holds a claim, a retry of the same `seq` (through any
+ingress) is refused (409: being applied); once the holder's actor is gone (it died between claim
+and commit), the next claim takes it over and applies the change: no hole (a replica that prefilled
+it already does not do it twice: `EngineReplica.change_context`'s `seq`). Claims
+live in the shard's memory only (a restarted shard forgets them, which is what a dead holder's
+claim amounts to).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 
 import ray
 
 from pipeline.control.central import NAMESPACE, on_head_node
+from pipeline.control.liveness import serve_actor_alive
 from pipeline.errors import SessionConflict, SessionGone
 from pipeline.sessions.journal import SessionJournal, apply_change
 from pipeline.sessions.log import SessionLog
 
+logger = logging.getLogger(__name__)
+_GONE = object()
 FIELDS = ("session_id", "source_type", "replica_id", "node_id", "context_tokens", "recovered",
           "last_seq", "created_at")
 
@@ -44,6 +57,7 @@ class SessionShard:
         self._touched: dict[str, float] = {sid: now - idle for sid, idle in loaded.idle_s.items()}
         self._finished: dict[str, float] = {sid: now - ago for sid, ago in loaded.finished_ago_s.items()}
         self._sweeper: asyncio.Task | None = None
+        self._claims: dict[str, dict[int, str | None]] = {}  # session -> uncommitted seq -> claiming ingress
 
     def _start_sweeper(self) -> None:
         if self._sweeper is None:  # started from a call: the actor's event loop runs it
@@ -66,12 +80,12 @@ class SessionShard:
         self._journal.set_setting("configured_at", issued_at)
         self._ttl_s, self._configured_at = ttl_s, issued_at
 
-    async def get(self, session_id: str, claim_seq: int | None = None) -> dict:
+    async def get(self, session_id: str, claim_seq: int | None = None, claimer: str | None = None) -> dict:
         """The record (ops included); `{"finished": true}` once it was finished; `{}` if unknown.
 
-        `claim_seq`: a client change about to be applied. Not above the last claimed one: the
-        record comes back with `duplicate` (a retry: no-op). Else it becomes the last one (atomic,
-        so a retry through another ingress is a duplicate too); `unclaim` undoes a failed change."""
+        `claim_seq`: a client change that `claimer` (an ingress actor's name) is about to apply. Not
+        above the last committed one, or below a live claim: `duplicate` (a retry: no-op). Equal to
+        a live claim: `busy` (being applied). Else the claim is taken."""
         self._start_sweeper()  # a restarted shard's first call may be a read of its reloaded records
         if session_id in self._finished:
             return {"finished": True}
@@ -79,19 +93,35 @@ class SessionShard:
         if record is None:
             return {}
         # A read is no activity (polling must not keep a session alive); commits are.
-        if claim_seq is not None:
-            if claim_seq <= record["last_seq"]:
-                return {**record, "duplicate": True}
-            self._journal.changed(session_id, None, None, {"last_seq": claim_seq}, touches=False)
-            record = {**record, "claimed_from": record["last_seq"]}
-            self._records[session_id]["last_seq"] = claim_seq
-        return record
+        if claim_seq is None:
+            return record
+        if claim_seq <= record["last_seq"]:
+            return {**record, "duplicate": True}
+        refused = await self._claim(session_id, claim_seq, claimer)
+        return {**record, refused: True} if refused else record
 
-    def unclaim(self, session_id: str, claim_seq: int, previous: int) -> None:
-        record = self._records.get(session_id)
-        if record is not None and record["last_seq"] == claim_seq:
-            self._journal.changed(session_id, None, None, {"last_seq": previous}, touches=False)
-            record["last_seq"] = previous
+    async def _claim(self, session_id: str, seq: int, claimer: str | None) -> str | None:
+        """Take the claim of `seq`; else "busy" (a live holder of the same seq) or "duplicate" (a
+        live holder of a later one). A dead holder's claim is dropped; one without a holder's name
+        (a caller outside Serve) guards nothing. The holders of `seq` and later are asked, rarely more
+        than one: a session's changes come one after another."""
+        claims = self._claims.setdefault(session_id, {})
+        for held in sorted((s for s in claims if s >= seq), reverse=True):
+            holder = claims.get(held, _GONE)
+            if holder is _GONE or holder is None:
+                continue
+            if holder == claimer or await serve_actor_alive(holder):
+                return "busy" if held == seq else "duplicate"
+            if claims.get(held, _GONE) == holder:  # not changed while we asked
+                logger.warning("session %s: ingress %s died between claiming change %d and committing it; "
+                               "the claim is taken over", session_id, holder, held)
+                del claims[held]
+        claims[seq] = claimer
+        return None
+
+    def unclaim(self, session_id: str, claim_seq: int) -> None:
+        """A claimed change failed: the claim goes, nothing was recorded."""
+        self._claims.get(session_id, {}).pop(claim_seq, None)
 
     def commit(self, session_id: str, op: tuple | None, sources: list[dict] | None, fields: dict) -> bool:
         """Record an accepted change: `op` (a `ContextOp`, text) is logged, `sources` are the
@@ -99,6 +129,11 @@ class SessionShard:
         record = self._records.get(session_id)
         if record is None:
             return False
+        if "last_seq" in fields:  # never lowered by a change with an older seq committing later
+            fields = {**fields, "last_seq": max(fields["last_seq"], record["last_seq"])}
+            claims = self._claims.get(session_id, {})
+            for seq in [s for s in claims if s <= fields["last_seq"]]:
+                del claims[seq]
         self._journal.changed(session_id, op, sources, fields, touches=True)
         apply_change(record, op, sources, fields)
         self._touched[session_id] = time.monotonic()
@@ -111,6 +146,7 @@ class SessionShard:
             return {"finished": True}
         record = self._records.pop(session_id, None)
         self._touched.pop(session_id, None)
+        self._claims.pop(session_id, None)
         if record is None:
             return {}
         self._journal.finished(session_id)
@@ -119,6 +155,7 @@ class SessionShard:
 
     def drop(self, session_id: str) -> bool:
         self._touched.pop(session_id, None)
+        self._claims.pop(session_id, None)
         if self._records.pop(session_id, None) is None:
             return False
         self._journal.dropped(session_id)
@@ -141,8 +178,10 @@ class SessionShard:
 class SessionStore:
     """The ingress's view of the shards: async calls, `SessionLog`s in and out."""
 
-    def __init__(self, config):
+    def __init__(self, config, owner: str | None = None):
+        """`owner`: this ingress replica's actor name (what the shards ask about a claim it holds)."""
         settings, strategy = config.ingress, on_head_node()
+        self._owner = owner
         self._shards = [
             SessionShard.options(name=name, namespace=NAMESPACE,
                                  lifetime="detached", get_if_exists=True, num_cpus=0,
@@ -163,19 +202,20 @@ class SessionStore:
     async def get(self, session_id: str, claim_seq: int | None = None,
                   for_change: bool = True) -> tuple[SessionLog, bool]:
         """The session and whether `claim_seq` marks a duplicate change (see `SessionShard.get`).
-        A finished session: 409 for a change (`for_change`), else 404 like any closed session."""
-        record = await self._shard(session_id).get.remote(session_id, claim_seq)
+        A finished session, or the same change being applied through another ingress: 409 for a
+        change (`for_change`); a finished one is else 404 like any closed session."""
+        record = await self._shard(session_id).get.remote(session_id, claim_seq, self._owner)
+        if record.get("busy"):
+            raise SessionConflict(f"change seq {claim_seq} of session {session_id} is being applied through "
+                                  "another ingress; retry it to learn whether it was (duplicate: true)")
         if record.get("finished") and for_change:
             raise _finished(session_id)
         if not record or record.get("finished"):
             raise SessionGone(f"session {session_id!r} is unknown, finished, deleted or expired")
-        log = _log(record)
-        if claim_seq is not None and not record.get("duplicate"):
-            log.last_seq = record["claimed_from"]  # restored by `unclaim` if the change fails
-        return log, bool(record.get("duplicate"))
+        return _log(record), bool(record.get("duplicate"))
 
     async def unclaim(self, log: SessionLog, claim_seq: int) -> None:
-        await self._shard(log.session_id).unclaim.remote(log.session_id, claim_seq, log.last_seq)
+        await self._shard(log.session_id).unclaim.remote(log.session_id, claim_seq)
 
     async def commit(self, log: SessionLog, op: tuple | None = None, sources: list[dict] | None = None) -> None:
         fields = {k: getattr(log, k) for k in ("replica_id", "node_id", "context_tokens", "recovered", "last_seq")}
