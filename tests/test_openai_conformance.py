@@ -154,7 +154,7 @@ def test_vllm_bench_serve(base, tmp_path, backend, endpoint):
     run = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads((tmp_path / "bench.json").read_text())
-    assert result["completed"] == 6 and result.get("failed", 0) == 0, result
+    assert result["completed"] == 6 and result["failed"] == 0, result
     assert result["total_output_tokens"] > 0 and result["median_ttft_ms"] > 0
 
 
