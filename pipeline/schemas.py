@@ -91,6 +91,9 @@ class _OpenAIRequest(BaseModel):
     max_tokens: StrictInt | None = Field(None, ge=1, description="Most tokens to generate (vLLM's default when "
                                          "absent: what the context length leaves).")
 
+    n: StrictInt | None = Field(None, ge=1, description="Completions to generate for the prompt (each holds its "
+                                "own answer's KV: admission counts them).")
+
     def forwarded(self) -> dict:
         """The body as the client sent it (unset fields stay unset), for vLLM's request models."""
         return self.model_dump(exclude_unset=True)

@@ -52,10 +52,10 @@ def _check(ing, body) -> None:
 
 
 async def _admit(ing, body) -> tuple[str, str]:
-    """A lease for the prompt (estimated) and the answer (max tokens, or the answer budget when absent)."""
+    """A lease for the prompt (estimated) and the answers (n x max tokens, or the answer budget when absent)."""
     request_id = uuid.uuid4().hex
     tokens = body.prompt_chars(CHARS_PER_TOKEN) // CHARS_PER_TOKEN
-    tokens += body.answer_tokens() or ing.config.model.answer_budget_tokens
+    tokens += (body.n or 1) * (body.answer_tokens() or ing.config.model.answer_budget_tokens)
     decision = await ing.client.central.admit_request(request_id, tokens, ing.config.limits.admission_timeout_s)
     if "rejected" in decision:
         raise AdmissionRejected(decision["rejected"], decision["retry_after_s"])
