@@ -67,6 +67,24 @@ class OutputDelta:
     finish_reason: str | None = None
 
 
+@dataclass(frozen=True)
+class OpenAIReply:
+    """The head of an OpenAI-route answer from vLLM's serving layer: the HTTP status, and the JSON
+    body (a response or OpenAI's error object), or None when SSE lines follow."""
+
+    status: int
+    body: dict | None
+
+
+@dataclass
+class OpenAITimings:
+    """One OpenAI request as the engine timed it, whichever route and streaming mode."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    output_tokens: int = 0
+
+
 @dataclass
 class SessionStats:
     """Per-session timings (time.monotonic seconds) and token counts."""
@@ -163,6 +181,11 @@ class StreamingEngine(ABC):
         baseline pay the full prefill even right after a streamed run of the same prompt.
         """
 
+    def openai(self, route: str, body: dict) -> AsyncIterator["OpenAIReply | str | OpenAITimings"]:
+        """An OpenAI route ("chat" or "completion") served as `vllm serve` serves it: one
+        `OpenAIReply`, the SSE lines of a stream, then the request's `OpenAITimings`."""
+        raise NotImplementedError(f"{type(self).__name__} has no OpenAI serving layer")
+
     @abstractmethod
     def session_stats(self, session_id: str) -> SessionStats:
         """Timings and counts of an open or recently closed session."""
@@ -174,10 +197,6 @@ class StreamingEngine(ABC):
     @abstractmethod
     def tokenize(self, text: str) -> list[int]:
         """The engine's tokenizer, without special tokens."""
-
-    @abstractmethod
-    def render_chat(self, messages: Sequence[dict]) -> str:
-        """Chat messages as prompt text, with the model's own chat template and generation prompt."""
 
     @property
     @abstractmethod

@@ -143,6 +143,17 @@ def prepare_process(platform: str) -> None:
         os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # an empty value crashes vLLM
 
 
+def engine_kwargs(config: EngineConfig) -> dict:
+    """`AsyncEngineArgs` keywords for `config` on this machine (also what `vllm serve` would be given)."""
+    from engine.models import resolve_model
+    from engine.vllm_scheduler import scheduler_additional_config
+
+    platform = resolve_platform(config, detect_platform())
+    prepare_process(platform)
+    return resolve_engine_args(config, platform, resolve_model(config.model), scheduler_additional_config(config),
+                               cpu_has_native_bf16())
+
+
 def build_vllm_config(config: EngineConfig):
     """vLLM's `VllmConfig` for `config` on this machine (prepares offline models on first use).
 
@@ -151,14 +162,9 @@ def build_vllm_config(config: EngineConfig):
     """
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    from engine.models import resolve_model
-    from engine.vllm_scheduler import scheduler_additional_config, scheduler_class
+    from engine.vllm_scheduler import scheduler_class
 
-    platform = resolve_platform(config, detect_platform())
-    prepare_process(platform)
-    kwargs = resolve_engine_args(config, platform, resolve_model(config.model), scheduler_additional_config(config),
-                                 cpu_has_native_bf16())
-    vllm_config = AsyncEngineArgs(**kwargs).create_engine_config()
+    vllm_config = AsyncEngineArgs(**engine_kwargs(config)).create_engine_config()
     scheduler = vllm_config.scheduler_config
     scheduler.scheduler_cls = scheduler_class(bool(scheduler.async_scheduling))
     if config.cost_model_path is not None:

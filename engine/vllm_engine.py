@@ -53,13 +53,11 @@ class VLLMStreamingEngine(StreamingEngine):
         self._sessions: dict[str, Session] = {}
         self._closed_stats: dict[str, SessionStats] = {}
         self._vocab_size = llm.model_config.get_vocab_size()
+        self._openai: asyncio.Future | None = None
 
     # ---- inputs -------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
         return self._tokenizer.encode(check_text(text), add_special_tokens=False)
-
-    def render_chat(self, messages) -> str:
-        return self._tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
 
     @property
     def tokenizer(self):
@@ -253,6 +251,14 @@ class VLLMStreamingEngine(StreamingEngine):
             text = detok.push(completion.token_ids, final=output.finished)
             yield OutputDelta(text, tuple(completion.token_ids), output.finished, completion.finish_reason)
         stats.done_at = time.monotonic()
+
+    async def openai(self, route: str, body: dict):
+        from engine.vllm_openai import OpenAIFrontend
+
+        if self._openai is None:  # built on first use: engines without OpenAI traffic skip it
+            self._openai = asyncio.ensure_future(OpenAIFrontend.create(self._llm, self._config))
+        async for item in (await self._openai).serve(route, body):
+            yield item
 
     async def drop_device_prefix_cache(self) -> None:
         """Drop the device's prefix cache but keep KV offloaded to host memory (swap calibration)."""

@@ -72,6 +72,10 @@ class BadRequest(PipelineError):
     status = 400
 
 
+class ContextLengthExceeded(BadRequest):
+    """An OpenAI request that cannot fit the model's context length, whatever the load: 400."""
+
+
 class SourceUnavailable(PipelineError):
     status = 501
 
@@ -117,7 +121,7 @@ def error_body(error: BaseException) -> dict:
 OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
 _OPENAI_TYPE = {401: "authentication_error", 429: "rate_limit_error"}
 _OPENAI_CODE = {ModelNotFound: "model_not_found", AdmissionRejected: "rate_limit_exceeded",
-                LimitExceeded: "context_length_exceeded"}
+                LimitExceeded: "context_length_exceeded", ContextLengthExceeded: "context_length_exceeded"}
 
 
 def is_openai_path(path: str) -> bool:

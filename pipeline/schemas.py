@@ -1,8 +1,9 @@
 """Request bodies (pydantic at the HTTP boundary; strict types, unknown fields rejected).
 
-The OpenAI-compatible models are small ones of our own: vLLM's protocol models live in
-`vllm.entrypoints.openai.*.protocol`, and importing them would load vLLM into the ingress process
-(seconds and hundreds of MB) that otherwise never needs it.
+The OpenAI-compatible models read only what the ingress acts on (model, stream, max tokens, the
+prompt for an admission estimate) and keep every other field as sent: the body goes on to vLLM's own
+request models on the replica (`engine.vllm_openai`), which validate it as `vllm serve` does.
+Importing those here would load vLLM into the ingress process (seconds and hundreds of MB).
 """
 
 from __future__ import annotations
@@ -81,37 +82,62 @@ class FinishBody(_Body):
     sampling: Sampling = Field(default_factory=Sampling)
 
 
-class CompletionRequest(BaseModel):
-    """OpenAI /v1/completions (the fields we honour; others are accepted and ignored)."""
+class _OpenAIRequest(BaseModel):
+    """The fields of an OpenAI request the ingress reads; the others are kept as sent and forwarded."""
 
-    model: StrictStr
-    prompt: StrictStr
-    max_tokens: StrictInt = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: StrictInt | None = None
-    stream: StrictBool = False
-    n: StrictInt = Field(1, ge=1, le=1)
+    model_config = ConfigDict(extra="allow")
+    model: StrictStr = Field(description="The served model name (`model.served_name`); another name is a 404.")
+    stream: StrictBool | None = Field(None, description="Answer as server-sent `data:` chunks ending in [DONE].")
+    max_tokens: StrictInt | None = Field(None, ge=1, description="Most tokens to generate (vLLM's default when "
+                                         "absent: what the context length leaves).")
+
+    n: StrictInt | None = Field(None, ge=1, description="Completions to generate for the prompt (each holds its "
+                                "own answer's KV: admission counts them).")
+
+    def forwarded(self) -> dict:
+        """The body as the client sent it (unset fields stay unset), for vLLM's request models."""
+        return self.model_dump(exclude_unset=True)
 
 
-class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: StrictStr
+class CompletionRequest(_OpenAIRequest):
+    """OpenAI /v1/completions, served by vLLM's completion serving on a replica."""
+
+    prompt: StrictStr | list = Field(description="Text, a list of texts, token ids, or a list of token-id lists.")
+
+    def answer_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def prompt_chars(self, chars_per_token: int) -> int:
+        """Size of the prompt in characters (token ids count `chars_per_token` each)."""
+        return _chars(self.prompt, chars_per_token)
 
 
-class ChatCompletionRequest(BaseModel):
-    model: StrictStr
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: StrictInt | None = Field(None, ge=1)
-    max_completion_tokens: StrictInt | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: StrictInt | None = None
-    stream: StrictBool = False
-    n: StrictInt = Field(1, ge=1, le=1)
+class ChatCompletionRequest(_OpenAIRequest):
+    """OpenAI /v1/chat/completions, served by vLLM's chat serving (the model's chat template)."""
 
-    def answer_tokens(self) -> int:
-        return self.max_completion_tokens or self.max_tokens or 64
+    messages: list[dict] = Field(min_length=1, description="The conversation; `content` a string or a list "
+                                 "of parts, as OpenAI's API takes it.")
+    max_completion_tokens: StrictInt | None = Field(None, ge=1, description="OpenAI's newer name of max_tokens; "
+                                                    "wins over it.")
+
+    def answer_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def prompt_chars(self, chars_per_token: int) -> int:
+        return sum(_chars(m.get("content"), chars_per_token) for m in self.messages)
+
+
+def _chars(content, chars_per_token: int) -> int:
+    """Characters of a prompt or message content: text, text parts, token ids, or lists of those."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, int):
+        return chars_per_token
+    if isinstance(content, dict):
+        return _chars(content.get("text"), chars_per_token)
+    if isinstance(content, list):
+        return sum(_chars(c, chars_per_token) for c in content)
+    return 0
 
 
 # ---- documented responses (OpenAPI): the error shapes of pipeline.ingress.http_util -------------------
@@ -127,7 +153,7 @@ class OpenAIErrorDetail(BaseModel):
     message: str
     type: str
     param: str | None = None
-    code: str | None = None
+    code: str | int | None = None
 
 
 class OpenAIErrorBody(BaseModel):

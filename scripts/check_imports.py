@@ -19,7 +19,7 @@ MODULES = {
     "cpu": ["vllm", "torch", "faiss"],
     "gpu": ["vllm", "torch", "faiss"],
     "data": ["sentence_transformers"],
-    "dev": ["pytest", "pytest_asyncio", "pytest_timeout", "random_order", "pyflakes", "hypothesis", "schemathesis"],
+    "dev": ["openai", "pytest", "pytest_asyncio", "pytest_timeout", "random_order", "pyflakes", "hypothesis", "schemathesis"],
     "aws": ["boto3"],  # Ray's AWS node provider imports it on the head (and where `ray up` runs)
 }
 # locust patches the standard library with gevent on import: it is checked in a process of its own

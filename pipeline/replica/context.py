@@ -156,11 +156,11 @@ async def _prefill(engine, tokenize, session_id, header, event, chunks, limits) 
     return "context_skipped", {"mode": op, "sources": sources, "reason": reason}
 
 
-async def coalesce(deltas: AsyncIterator[AnswerPiece],
-                   window_s: float = COALESCE_S) -> AsyncIterator[AnswerPiece]:
-    """Answer pieces merged so that at most one leaves per `window_s`; the first leaves at once. A
-    background task reads `deltas`, so a slow consumer never slows the engine down; errors surface
-    in order."""
+async def coalesce(deltas: AsyncIterator, window_s: float = COALESCE_S, mergeable=None, merge=None) -> AsyncIterator:
+    """Answer pieces (or what `mergeable` picks, joined by `merge`) merged so that at most one leaves
+    per `window_s`; the first leaves at once; other items pass in order. A background task reads
+    `deltas`, so a slow consumer never slows the engine down; errors surface in order."""
+    mergeable, merge = mergeable or _mergeable, merge or _merge
     queue: asyncio.Queue = asyncio.Queue()
     end = object()
 
@@ -181,17 +181,19 @@ async def coalesce(deltas: AsyncIterator[AnswerPiece],
             if item is not end and not isinstance(item, BaseException) and wait > 0:
                 await asyncio.sleep(wait)
             batch = [item]
-            while not queue.empty() and _mergeable(batch[-1]):
+            while not queue.empty() and mergeable(batch[-1]):
                 batch.append(queue.get_nowait())
-            merged = [b for b in batch if _mergeable(b)]
+            merged = [b for b in batch if mergeable(b)]
             if merged:
                 last = time.monotonic()
-                yield _merge(merged)
+                yield merge(merged)
             tail = batch[-1]
             if tail is end:
                 return
             if isinstance(tail, BaseException):
                 raise tail
+            if not mergeable(tail):
+                yield tail
     finally:
         task.cancel()
 

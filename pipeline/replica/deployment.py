@@ -151,13 +151,9 @@ class EngineReplica:
                 await self._abort_quietly(session_id)
 
     async def generate(self, prompt: str | None, sampling: dict | None = None, token_ids: list[int] | None = None,
-                       cache_salt: str | None = None, messages: list[dict] | None = None, route_to=None):
-        """One-shot generation (the non-streaming baseline; chat `messages` get the model's chat
-        template); cancellation aborts the request."""
+                       cache_salt: str | None = None, route_to=None):
+        """One-shot generation (the non-streaming baseline of /v1/rag); cancellation aborts it."""
         from engine.api import SessionStats
-
-        if messages is not None:
-            prompt = self._engine.render_chat(messages)
 
         stats = SessionStats(session_id=cache_salt or uuid.uuid4().hex)  # names the engine request: unique
         deltas = self._engine.generate(prompt, token_ids=token_ids, sampling=SamplingConfig(**(sampling or {})),
@@ -166,6 +162,13 @@ class EngineReplica:
             async for item in _items(deltas):
                 yield item
         yield AnswerEnd({**asdict(stats), "ttft_s": stats.ttft_s, "replica_id": self.replica_id})
+
+    async def openai(self, route: str, body: dict, route_to=None):
+        """An OpenAI route ("chat" or "completion") served by vLLM's own serving layer
+        (`engine.vllm_openai`): an `OpenAIReply`, a stream's SSE lines (coalesced over 5 ms), then
+        the request's `OpenAITimings`. Cancellation (the client left) aborts the request."""
+        async for item in coalesce(self._engine.openai(route, body), mergeable=_is_text, merge="".join):
+            yield item
 
     async def abort(self, session_id: str, route_to=None) -> bool:
         """Abort (its answer too) and free KV; False when the session was not open here."""
@@ -301,6 +304,10 @@ class EngineReplica:
         engine = getattr(self, "_engine", None)
         if engine is not None:
             await engine.shutdown()
+
+
+def _is_text(item) -> bool:
+    return isinstance(item, str)
 
 
 async def _items(deltas):

@@ -41,7 +41,8 @@ def local_app(config: AppConfig, *, num_cpus: int | None = None, address: str | 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     port = port or free_port()
     if address is None:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        # "local": a Ray of its own, even when another cluster on this machine was started with `ray start`
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     else:
         ray.init(address=address)
     try:
