@@ -4,6 +4,7 @@ block pool."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 
 import torch
@@ -52,10 +53,17 @@ def make_scheduler(scheduler_cls, policy: str, num_blocks: int = 64, max_num_seq
 
 class Driver:
     """Feeds requests and turns to a scheduler and runs steps the way the engine core does; plays
-    the model runner: one sampled token when a request's tokens are all computed."""
+    the model runner: one sampled token for each scheduled request past its prefill.
 
-    def __init__(self, scheduler: Scheduler):
+    `depth` is the engine core's batch queue: 1 runs `schedule()` then `update_from_output()` in
+    lockstep (the synchronous engine); 2 is vLLM's async scheduling (`EngineCore.step_with_batch_queue`):
+    the next step is scheduled before the last one's output is back, so requests carry output
+    placeholders when they are scheduled and viewed."""
+
+    def __init__(self, scheduler: Scheduler, depth: int = 1):
         self.s = scheduler
+        self.depth = depth
+        self.in_flight: collections.deque = collections.deque()  # (output, runner output), newest first
         self.clock = itertools.count(1)
         self.tokens = itertools.count(1000)
         self.finished: set[str] = set()
@@ -74,14 +82,22 @@ class Driver:
         self.s.add_request(Request(rid, [1], PARTIAL, None, resumable=False))
 
     def step(self):
-        out = self.s.schedule()
-        ids = list(out.num_scheduled_tokens)
-        sampled = []
-        for rid in ids:
-            r = self.s.requests[rid]
-            sampled.append([7] if r.num_computed_tokens >= r.num_tokens else [])
-        runner = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                   sampled_token_ids=sampled)
+        """One engine-core iteration; returns the step it scheduled (None if it scheduled none)."""
+        out = None
+        if self.depth == 1 or self.s.has_requests():
+            out = self.s.schedule()
+            ids = list(out.num_scheduled_tokens)
+            # a request past its prefill samples a token (vLLM: not `is_prefill_chunk` after the step)
+            sampled = [[] if self.s.requests[rid].is_prefill_chunk else [7] for rid in ids]
+            self.in_flight.appendleft((out, ModelRunnerOutput(
+                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled)))
+            if len(self.in_flight) < self.depth and (out.total_num_scheduled_tokens or self.s.has_requests()):
+                return out
+        if self.in_flight:
+            self._deliver(*self.in_flight.pop())
+        return out
+
+    def _deliver(self, out, runner) -> None:
         for outputs in self.s.update_from_output(out, runner).values():
             self.stats = outputs.scheduler_stats or self.stats
             for o in outputs.outputs:
@@ -92,7 +108,6 @@ class Driver:
                     self.kv_params[o.request_id] = o.kv_transfer_params
                 if o.finish_reason is not None:
                     self.finished.add(o.request_id)
-        return out
 
     def run_until(self, done, max_steps: int = 500) -> int:
         for n in range(max_steps):

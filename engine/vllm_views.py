@@ -21,6 +21,14 @@ session path (`Scheduler._handle_stopped_request`, `_update_request_as_session`)
   is never computed, so an idle stream (`WAITING_FOR_STREAMING_REQ`, all prompt tokens computed)
   shows zero work. An idle stream whose KV was evicted is `blocked`: it cannot run before its next
   chunk.
+- Under async scheduling (vLLM's `AsyncScheduler`, the GPU default) the next step is scheduled
+  before the last one's output is back: `num_computed_tokens` already counts the tokens in flight,
+  and the tokens they will sample are `num_output_placeholders`. vLLM's work for a request is
+  `num_tokens + num_output_placeholders - num_computed_tokens`, so placeholders count as output
+  here too: a decode (or a question just after its prefill) shows its one token of work, not
+  zero, and one whose in-flight samples reach `max_tokens` shows none (vLLM does not schedule it).
+  Their sum with the sampled tokens does not change when the output arrives, so the view stays
+  true without a re-read then. A partial turn's placeholder is its throwaway token: no work.
 - `running` means resident (holds KV blocks), as in the simulator; `num_kv_blocks` counts the blocks
   of its computed tokens.
 
@@ -85,8 +93,9 @@ def fill_view(view: RequestView, request, block_size: int) -> None:
     if partial:  # the turn's sampled token is thrown away: never work
         view.num_output_tokens, view.max_output_tokens = 0, 1
         view.blocked = request.status == _IDLE and computed == 0
-    else:
-        view.num_output_tokens, view.max_output_tokens = request.num_output_tokens, request.max_tokens
+    else:  # tokens sampled by steps still in flight (async scheduling) count as output: see module doc
+        view.num_output_tokens = request.num_output_tokens + request.num_output_placeholders
+        view.max_output_tokens = request.max_tokens
         view.blocked = False
     view.running = computed > 0 or request.status == _RUNNING
     view.awaiting_admission = request.status != _RUNNING
