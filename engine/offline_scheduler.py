@@ -33,7 +33,10 @@ def final(max_tokens: int = 2) -> SamplingParams:
 
 
 def make_scheduler(scheduler_cls, policy: str, num_blocks: int = 64, max_num_seqs: int = 4,
-                   budget: int = 256, log_stats: bool = False, watermark: float = 0.0) -> Scheduler:
+                   budget: int = 256, log_stats: bool = False, watermark: float = 0.0,
+                   kv_transfer_config=None) -> Scheduler:
+    """`kv_transfer_config` (vLLM's `KVTransferConfig`) gives the scheduler its KV connector's
+    scheduler side, built by vLLM as in an engine core."""
     path = resolve_model("tiny")
     model = ModelConfig(model=path, tokenizer=path, max_model_len=2048, dtype="float32",
                         skip_tokenizer_init=True)
@@ -42,7 +45,7 @@ def make_scheduler(scheduler_cls, policy: str, num_blocks: int = 64, max_num_seq
     cache = CacheConfig(block_size=BS, enable_prefix_caching=True)
     cache.num_gpu_blocks = num_blocks
     config = VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched,
-                        additional_config={POLICY_KEY: policy})
+                        additional_config={POLICY_KEY: policy}, kv_transfer_config=kv_transfer_config)
     spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
