@@ -14,7 +14,7 @@ from vllm.utils.hashing import sha256_cbor
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -74,6 +74,7 @@ class Driver:
         self.kv_params: dict[str, dict] = {}  # final outputs' kv_transfer_params, by request
         self.stats = None                     # the last step's SchedulerStats (when log_stats is on)
         self.stop_reasons: dict[str, list] = {}  # stop reason of every turn's end, by request
+        self.loaded: set[str] = set()  # KV loads the next delivered output reports done (the worker's part)
 
     def turn(self, rid: str, n: int, params=PARTIAL, resumable: bool = True) -> None:
         ids = [next(self.tokens) % 5000 for _ in range(n)]
@@ -101,6 +102,9 @@ class Driver:
         return out
 
     def _deliver(self, out, runner) -> None:
+        if self.loaded:
+            runner.kv_connector_output = KVConnectorOutput(finished_recving=set(self.loaded))
+            self.loaded.clear()
         for outputs in self.s.update_from_output(out, runner).values():
             self.stats = outputs.scheduler_stats or self.stats
             for o in outputs.outputs:

@@ -170,7 +170,8 @@ class PolicySchedulerMixin:
         simulator cuts it). A running stream held back keeps its KV and its slot: vLLM's admission
         counts slots as `len(running)` plus the sessions waiting for input, so those held out of
         `running` are added to the latter for the step. Under async scheduling a request whose
-        output of the previous step is still in flight (output placeholders) is never held."""
+        output of the previous step is still in flight (output placeholders) is never held, nor
+        one whose KV a connector is loading: vLLM notices the end of the load only in its queue."""
         budget, views = self.step_budget, self.book.views
         queues = (self.running, self.kv_holding_waiting, self.waiting)
         left = budget.early_allowance((views[r.request_id] for queue in queues for r in queue), free)
@@ -181,8 +182,9 @@ class PolicySchedulerMixin:
             for request in queue:
                 view = views[request.request_id]
                 work = view.num_tokens_to_compute
-                if (request.num_output_placeholders
-                        or budget.early_limit(view, work, budget.max_num_tokens, left)):
+                if view.loading:
+                    kept.append(request)
+                elif request.num_output_placeholders or budget.early_limit(view, work, budget.max_num_tokens, left):
                     left -= 0 if view.complete else work
                     kept.append(request)
                 else:
@@ -259,6 +261,12 @@ class PolicySchedulerMixin:
         if recomputed and kv_params is None and self.connector is None:
             kv_params = {RECOMPUTED_KEY: recomputed}
         return kv_params, ec_params
+
+    def _set_kv_fetch_stage(self, request, stage) -> None:
+        """vLLM notes each stage of a KV connector's load here (started, done, admitted): the
+        request's view is re-read, so the planner knows while its blocks are a load's target."""
+        super()._set_kv_fetch_stage(request, stage)
+        self.book.mark(request)
 
     def _update_after_schedule(self, scheduler_output) -> None:
         admitted = [new.req_id for new in scheduler_output.scheduled_new_reqs]

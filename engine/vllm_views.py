@@ -29,6 +29,8 @@ session path (`Scheduler._handle_stopped_request`, `_update_request_as_session`)
   zero, and one whose in-flight samples reach `max_tokens` shows none (vLLM does not schedule it).
   Their sum with the sampled tokens does not change when the output arrives, so the view stays
   true without a re-read then. A partial turn's placeholder is its throwaway token: no work.
+- `loading`: a KV connector loads the request's KV into its blocks (`WAITING_FOR_REMOTE_KVS`);
+  the planner neither schedules nor evicts it until the load ends (vLLM re-reads the status then).
 - `running` means resident (holds KV blocks), as in the simulator; `num_kv_blocks` counts the blocks
   of its computed tokens.
 
@@ -59,6 +61,7 @@ RECOMPUTED_KEY = "stream2llm_tokens_recomputed"
 DEFERRED_TURN = "stream2llm_deferred"
 _IDLE = RequestStatus.WAITING_FOR_STREAMING_REQ
 _RUNNING = RequestStatus.RUNNING
+_LOADING = RequestStatus.WAITING_FOR_REMOTE_KVS  # a KV connector's async load into its blocks in flight
 
 
 def _client_id(request_id: str) -> str:
@@ -99,6 +102,7 @@ def fill_view(view: RequestView, request, block_size: int) -> None:
         view.blocked = False
     view.running = computed > 0 or request.status == _RUNNING
     view.awaiting_admission = request.status != _RUNNING
+    view.loading = request.status == _LOADING
     view.num_kv_blocks = -(-computed // block_size)
     view.num_preemptions = request.num_preemptions
 
@@ -115,6 +119,8 @@ class ViewBook:
         self._dirty: dict[str, object] = {}
         self._put_aside: dict[str, object] = {}  # changed, not read yet: see `refresh_queued`
         self._unfiled: dict[str, RequestView] = {}  # read, not yet moved in the policy's order
+        # KV loads in flight: re-read every step, as vLLM ends a load inside its own `schedule`
+        self._loading: dict[str, object] = {}
         self._by_client_id: dict[str, str] = {}  # id the front end gave -> vLLM's internal id
 
     def open(self, request) -> None:
@@ -155,6 +161,7 @@ class ViewBook:
         self._dirty.pop(request_id, None)
         self._put_aside.pop(request_id, None)
         self._unfiled.pop(request_id, None)
+        self._loading.pop(request_id, None)
         if self._by_client_id.get(_client_id(request_id)) == request_id:
             del self._by_client_id[_client_id(request_id)]
         if view is not None:
@@ -181,6 +188,9 @@ class ViewBook:
         aside unread (they are in no queue), the others are read but left where they were in the
         policy's order, `key` giving their key afresh, until the next `refresh()` files them all."""
         views, block_size, aside, unfiled = self.views, self.block_size, self._put_aside, self._unfiled
+        if self._loading:
+            self._dirty.update(self._loading)
+            self._loading.clear()
         for request_id, request in self._dirty.items():
             if request_id in parked:
                 aside[request_id] = request
@@ -189,6 +199,8 @@ class ViewBook:
             view = views[request_id]
             fill_view(view, request, block_size)
             unfiled[request_id] = view
+            if view.loading:
+                self._loading[request_id] = request
         self._dirty.clear()
 
     def key(self, request_id: str) -> tuple:

@@ -142,7 +142,8 @@ def choose(ordered: Sequence[RequestView], budget: StepBudget, capacity: int, fr
     for rank, view in enumerate(ordered):
         held = view.num_kv_blocks
         # Once the token budget is spent the rest only keep memory: skip pricing their work.
-        if token_left and (work := view.num_tokens_to_compute) and (admitting or not view.awaiting_admission):
+        if (token_left and (work := view.num_tokens_to_compute) and not view.loading
+                and (admitting or not view.awaiting_admission)):
             limit = budget.early_limit(view, work, token_left, early_left)
             tokens = _tokens_that_fit(view, work, limit, block_left, budget) if limit else 0
             if tokens > 0:
@@ -196,11 +197,12 @@ def _no_work(view: RequestView) -> bool:
 
 
 def _victims(ordered, chosen, allowed):
-    """(rank, view) of requests that hold blocks and were not chosen, lowest priority first."""
+    """(rank, view) of requests that hold blocks and were not chosen, lowest priority first (never
+    one whose KV is being loaded: its blocks are the load's target)."""
     chosen_seqs = {view.seq for _, view, _, _ in chosen}
     for rank in range(len(ordered) - 1, -1, -1):
         view = ordered[rank]
-        if view.num_kv_blocks and view.seq not in chosen_seqs and allowed(view):
+        if view.num_kv_blocks and view.seq not in chosen_seqs and not view.loading and allowed(view):
             yield rank, view
 
 
