@@ -57,7 +57,7 @@ from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import RequestStatus
 
 from engine.vllm_sessions import SessionParkingMixin
-from engine.vllm_step_blocks import StepBlocks, free_for_planner, may_want_more_than
+from engine.vllm_step_blocks import StepBlocks, blocks_of, free_for_planner, may_want_more_than, num_held
 from engine.vllm_views import RECOMPUTED_KEY, ViewBook
 from scheduler.planner import StepBudget, plan_step
 from scheduler.policies import make_policy
@@ -127,7 +127,8 @@ class PolicySchedulerMixin:
         free = free_for_planner(self)
         blocks_short = may_want_more_than(self, free, with_work)
         if blocks_short:
-            decision = plan_step(book.ordered(), StepBlocks(free, book.views), self.step_budget)
+            decision = plan_step(book.ordered(), StepBlocks(free, book.views, blocks_of(self)),
+                                 self.step_budget, num_held=num_held(self))
             now = time.monotonic()
             for preemption in decision.preempted:
                 self._evict(self.requests[preemption.request_id], now)

@@ -172,10 +172,14 @@ def _first_that_fits_alone(ordered, capacity: int, budget: StepBudget) -> Reques
 
 
 def plan_step(ordered: Sequence[RequestView], blocks: BlockManager, budget: StepBudget,
-              cost: CostModel | None = None, swap_pool: SwapPool | None = None) -> StepDecision:
-    """Plan one step over `ordered` (the policy's order of all waiting and running requests)."""
+              cost: CostModel | None = None, swap_pool: SwapPool | None = None,
+              num_held: int | None = None) -> StepDecision:
+    """Plan one step over `ordered` (the policy's order of all waiting and running requests).
+
+    `num_held`: the blocks the requests hold, each counted once (an engine whose requests share
+    prefix blocks: vLLM); None: the sum of their views' blocks (nothing shared: the simulator)."""
     free = blocks.num_free()
-    capacity = free + sum(v.num_kv_blocks for v in ordered)
+    capacity = free + (sum(v.num_kv_blocks for v in ordered) if num_held is None else num_held)
     chosen = choose(ordered, budget, capacity, free)
     if any(tokens for _, _, tokens, _ in chosen):
         return _acquire(ordered, chosen, blocks, cost, swap_pool, _any_victim)
