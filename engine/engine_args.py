@@ -153,7 +153,9 @@ def build_vllm_config(config: EngineConfig):
 
     from engine.models import resolve_model
     from engine.vllm_scheduler import scheduler_additional_config, scheduler_class
+    from engine.vllm_seams import check_vllm
 
+    check_vllm()  # fail here, naming the seam, rather than inside vLLM's engine core process
     platform = resolve_platform(config, detect_platform())
     prepare_process(platform)
     kwargs = resolve_engine_args(config, platform, resolve_model(config.model), scheduler_additional_config(config),

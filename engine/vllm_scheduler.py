@@ -56,6 +56,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import RequestStatus
 
+from engine.vllm_seams import check_scheduler, check_vllm
 from engine.vllm_sessions import SessionParkingMixin
 from engine.vllm_step_blocks import StepBlocks, blocks_of, free_for_planner, may_want_more_than, num_held
 from engine.vllm_views import RECOMPUTED_KEY, ViewBook
@@ -76,7 +77,9 @@ class PolicySchedulerMixin:
     """The plug-in's behaviour, over vLLM's `Scheduler` or its `AsyncScheduler`."""
 
     def __init__(self, *args, **kwargs):
+        check_vllm()  # inside the engine core too: an engine built without `build_vllm_config`
         super().__init__(*args, **kwargs)
+        check_scheduler(self)
         extra = self.vllm_config.additional_config
         name = extra.get(POLICY_KEY, "default_vllm") if isinstance(extra, dict) else "default_vllm"
         self.stream_policy = make_policy(name)
