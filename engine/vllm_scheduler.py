@@ -148,19 +148,23 @@ class PolicySchedulerMixin:
         if with_work > min(self.max_num_running_reqs, self.max_num_active_reqs) or self.lora_config:
             return True  # LoRA: vLLM's max_loras may turn a request away, and order decides which
         views, budget = self.book.views, self.step_budget
-        queued = [views[r.request_id] for queue in (self.running, self.kv_holding_waiting, self.waiting)
-                  for r in queue]
-        if sum(view.num_tokens_to_compute for view in queued) > budget.max_num_tokens:
-            return True
+        queued, work = [], 0
+        for queue in (self.running, self.kv_holding_waiting, self.waiting):
+            for request in queue:
+                view = views[request.request_id]
+                work += view.num_tokens_to_compute
+                if work > budget.max_num_tokens:
+                    return True
+                queued.append(view)
         return budget.early_allowance(queued, free) < budget.max_num_tokens
 
     def _order_queues(self) -> None:
-        key = self.book.key
+        keys = self.book.keys  # cached per request until it changes: a sort costs no key computation
         if len(self.running) > 1:
-            self.running.sort(key=lambda r: key(r.request_id))
+            self.running.sort(key=lambda r: keys[r.request_id])
         for queue in (self.kv_holding_waiting, self.waiting):
             if len(queue) > 1:
-                ranked = sorted(queue, key=lambda r: key(r.request_id))
+                ranked = sorted(queue, key=lambda r: keys[r.request_id])
                 queue.clear()
                 queue.extend(ranked)
 

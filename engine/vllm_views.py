@@ -85,12 +85,15 @@ def is_partial_turn(request) -> bool:
 def fill_view(view: RequestView, request, block_size: int) -> None:
     """Copy the request's scheduling state into `view` (arrival fields are the book's)."""
     computed = request.num_computed_tokens
-    partial = is_partial_turn(request)
+    params = request.sampling_params  # `is_partial_turn`, inlined: this runs for every changed request
+    extra = params.extra_args if params is not None else None
+    partial = bool(extra) and bool(extra.get(PARTIAL_TURN_ARG))
     # The question may wait in the request's streaming queue behind a context turn not yet
     # prefilled: the session is complete then, and must rank as such, or a context turn that only
     # free memory may serve (TailGuard) would hold its own question back forever.
-    view.complete = not partial or any(update is not None and not is_partial_params(update.sampling_params)
-                                       for update in request.streaming_queue or ())
+    queued = request.streaming_queue
+    view.complete = not partial or bool(queued) and any(
+        update is not None and not is_partial_params(update.sampling_params) for update in queued)
     view.num_prompt_tokens = request.num_prompt_tokens
     view.num_computed_tokens = computed
     if partial:  # the turn's sampled token is thrown away: never work
@@ -100,11 +103,26 @@ def fill_view(view: RequestView, request, block_size: int) -> None:
         view.num_output_tokens = request.num_output_tokens + request.num_output_placeholders
         view.max_output_tokens = request.max_tokens
         view.blocked = False
-    view.running = computed > 0 or request.status == _RUNNING
-    view.awaiting_admission = request.status != _RUNNING
-    view.loading = request.status == _LOADING
+    status = request.status
+    view.running = computed > 0 or status == _RUNNING
+    view.awaiting_admission = status != _RUNNING
+    view.loading = status == _LOADING
     view.num_kv_blocks = -(-computed // block_size)
     view.num_preemptions = request.num_preemptions
+
+
+class _KeyCache(dict):
+    """Request id -> the policy's key of its view as last read: computed at the first sort that
+    needs it and kept until the view is read again, so a sort of vLLM's queues costs a dict
+    lookup per request that did not change, not a key computation."""
+
+    def __init__(self, book: "ViewBook"):
+        super().__init__()
+        self._views, self._key_for = book.views, book.queue.key_for
+
+    def __missing__(self, request_id: str) -> tuple:
+        key = self[request_id] = self._key_for(self._views[request_id])
+        return key
 
 
 class ViewBook:
@@ -122,6 +140,7 @@ class ViewBook:
         # KV loads in flight: re-read every step, as vLLM ends a load inside its own `schedule`
         self._loading: dict[str, object] = {}
         self._by_client_id: dict[str, str] = {}  # id the front end gave -> vLLM's internal id
+        self.keys = _KeyCache(self)  # request id -> the policy's key now: what vLLM's queues sort by
 
     def open(self, request) -> None:
         """A request vLLM has not seen before: its arrival opens the session."""
@@ -137,6 +156,7 @@ class ViewBook:
         if superseded is not None:
             superseded.superseded = True
             self.queue.touch(superseded)
+            self.keys.pop(superseded.request_id, None)
 
     def chunk(self, request, arrival: float) -> None:
         """The next turn of a streamed session arrived at `arrival` (vLLM's clock)."""
@@ -162,6 +182,7 @@ class ViewBook:
         self._put_aside.pop(request_id, None)
         self._unfiled.pop(request_id, None)
         self._loading.pop(request_id, None)
+        self.keys.pop(request_id, None)
         if self._by_client_id.get(_client_id(request_id)) == request_id:
             del self._by_client_id[_client_id(request_id)]
         if view is not None:
@@ -188,6 +209,7 @@ class ViewBook:
         aside unread (they are in no queue), the others are read but left where they were in the
         policy's order, `key` giving their key afresh, until the next `refresh()` files them all."""
         views, block_size, aside, unfiled = self.views, self.block_size, self._put_aside, self._unfiled
+        forget_key = self.keys.pop
         if self._loading:
             self._dirty.update(self._loading)
             self._loading.clear()
@@ -199,16 +221,14 @@ class ViewBook:
             view = views[request_id]
             fill_view(view, request, block_size)
             unfiled[request_id] = view
+            forget_key(request_id, None)
             if view.loading:
                 self._loading[request_id] = request
         self._dirty.clear()
 
     def key(self, request_id: str) -> tuple:
         """The policy's current key of a live request (as of the last `refresh` or `refresh_queued`)."""
-        view = self.views[request_id]
-        if request_id in self._unfiled:
-            return self.queue.key_for(view)
-        return self.queue.key_of(view)
+        return self.keys[request_id]
 
     def __len__(self) -> int:
         return len(self.views)
