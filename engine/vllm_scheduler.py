@@ -148,15 +148,14 @@ class PolicySchedulerMixin:
         if with_work > min(self.max_num_running_reqs, self.max_num_active_reqs) or self.lora_config:
             return True  # LoRA: vLLM's max_loras may turn a request away, and order decides which
         views, budget = self.book.views, self.step_budget
-        queued, work = [], 0
-        for queue in (self.running, self.kv_holding_waiting, self.waiting):
-            for request in queue:
-                view = views[request.request_id]
-                work += view.num_tokens_to_compute
-                if work > budget.max_num_tokens:
-                    return True
-                queued.append(view)
-        return budget.early_allowance(queued, free) < budget.max_num_tokens
+        queued = [views[r.request_id] for queue in (self.running, self.kv_holding_waiting, self.waiting)
+                  for r in queue]
+        work, limit = 0, budget.max_num_tokens
+        for view in queued:
+            work += view.num_tokens_to_compute
+            if work > limit:
+                return True
+        return budget.early_allowance(queued, free) < limit
 
     def _order_queues(self) -> None:
         keys = self.book.keys  # cached per request until it changes: a sort costs no key computation
