@@ -24,24 +24,24 @@ calls, and applies its decision to vLLM:
   its KV until the planner evicts it and rejoins the queues when its next chunk arrives.
 
 vLLM's block rules are the planner's in the plug-in (`StepBudget.whole_chunks`,
-`admit_whole_sequence`): a chunk is cut to the token budget, never to free memory, a waiting
-request is admitted only when its whole sequence fits, and admission stops at the first that does
-not, so the planner makes room for what vLLM will schedule; while anything runs, vLLM's admission
-watermark (`watermark`, 0 by default) is taken off the free blocks the planner sees, as vLLM keeps
-it free of admissions then. Where vLLM's structure still differs
-from the simulator, which applies the decision as is: vLLM schedules its running list before any
-waiting request (a waiting request ranked above a running one gets budget after it), drains waiting
-requests that hold KV before those that do not, admits no waiting request in a step where it
-preempted, cannot cut a chunk to the early-prefill allowance (it waits whole), and counts blocks
-itself (prefix-cache hits can make a request need fewer blocks than the planner priced), and runs a
-session's turns one at a time (a chunk that arrives while the session's turn runs waits for that
-turn's end, where the simulator appends every chunk on arrival; a turn not started yet takes later
-ones in, and the next turn takes in all that waited: `engine.vllm_sessions`). An idle
-stream whose KV was evicted stays blocked until its next chunk in both (the simulator models this
-too). The plug-in preempts by recompute and passes the planner no swap pool; on a GPU with
-`kv_offload_gib`, vLLM's offloading connector (`engine/kv_offload.py`) may load a victim's KV back
-instead, and which KV its host pool keeps is its own LRU order, not the simulator's rule that a
-completed prompt's KV displaces a blocked stream's (`planner._make_swap_room`).
+`admit_whole_sequence`): a chunk is cut to the token budget, never to free memory, a waiting request
+is admitted only when its whole sequence fits, and admission stops at the first that does not, so
+the planner makes room for what vLLM will schedule; while anything runs, vLLM's admission watermark
+(`watermark`, 0 by default) is taken off the free blocks the planner sees, as vLLM keeps it free of
+admissions then. Where vLLM's structure still differs from the simulator, which applies the decision
+as is: vLLM schedules its running list before any waiting request (a waiting request ranked above a
+running one gets budget after it), drains waiting requests that hold KV before those that do not,
+admits no waiting request in a step where it preempted, cannot cut a chunk to the early-prefill
+allowance (it waits whole), and counts blocks itself (prefix-cache hits can make a request need
+fewer blocks than the planner priced), and runs a session's turns one at a time (a chunk that
+arrives while the session's turn runs waits for that turn's end, where the simulator appends every
+chunk on arrival; a turn not started yet takes later ones in, and the next turn takes in all that
+waited: `engine.vllm_sessions`). An idle stream whose KV was evicted stays blocked until its next
+chunk in both (the simulator models this too). The plug-in preempts by recompute and passes the
+planner no swap pool; on a GPU with `kv_offload_gib`, vLLM's offloading connector
+(`engine/kv_offload.py`) may load a victim's KV back instead, and which KV its host pool keeps is
+its own LRU order, not the simulator's rule that a completed prompt's KV displaces a blocked
+stream's (`planner._make_swap_room`).
 
 The policy name comes from `additional_config[POLICY_KEY]` (`scheduler_additional_config`).
 """
@@ -270,8 +270,7 @@ class PolicySchedulerMixin:
         return kv_params, ec_params
 
     def _set_kv_fetch_stage(self, request, stage) -> None:
-        """vLLM notes each stage of a KV connector's load here (started, done, admitted): the
-        request's view is re-read, so the planner knows while its blocks are a load's target."""
+        """Each stage of a connector's KV load (started, done, admitted) re-reads the view."""
         super()._set_kv_fetch_stage(request, stage)
         self.book.mark(request)
 
