@@ -27,12 +27,12 @@ step() {  # step NAME LIMIT_S COMMAND...
   shift 2
   start=$(date +%s)
   echo "[gpu_check] $name (limit ${limit} s): $*"
-  timeout --kill-after=20 "$limit" "$@"
+  timeout --kill-after=10 "$limit" "$@"
   status=$?
   steps+=("$name:$status:$(( $(date +%s) - start ))")
 }
 
-step gpu_tests 330 "$py" -m pytest -m gpu -p no:cacheprovider -q tests/test_gpu.py --junitxml="$out/gpu_tests.xml"
+step gpu_tests 320 "$py" -m pytest -m gpu -p no:cacheprovider -q tests/test_gpu.py --junitxml="$out/gpu_tests.xml"
 step engine_load_quick 150 "$py" -m bench.engine_load --quick --output "$out/engine_load_gpu.json"
 step calibrate 90 "$py" -m stream2llm.cli calibrate --platform cuda --kv-offload-gib 2 --sizes 256,1024,2048 \
   --repeats 2 --output "$out/cost_model_gpu.json"
