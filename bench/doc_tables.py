@@ -352,8 +352,11 @@ def scheduler_overhead(data: dict) -> str:
         text += (f"\n\nWith a {budgets['plugin_us_per_step']:,}-token budget the step's new chunks fit it whole, so vLLM "
                  "schedules them in any order and the plug-in does not sort. With a "
                  f"{budgets['plugin_contended_us_per_step']:,}-token budget, less than their work, the order decides "
-                 "who runs and the queues are sorted (`plugin_contended_us_per_step`, no target):\n\n"
+                 "who runs and the queues are sorted (`plugin_contended_us_per_step`):\n\n"
                  + table(["policy", *(f"µs per step at {n:,} sessions" for n in sizes)], crows))
+        if "plugin_contended_meets_target" in data:
+            verdict = "met" if data["plugin_contended_meets_target"] else "**missed**"
+            text += f"\n\nTarget <= {num(data['plugin_target_us_at_500'])} µs at 500 when the queues are sorted: {verdict}."
     return text
 
 

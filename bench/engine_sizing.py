@@ -7,7 +7,7 @@ measure a different memory pressure, or not start at all, on another CPU.
 
 from __future__ import annotations
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+from engine.models import KV_DTYPE_BYTES as DTYPE_BYTES
 
 
 def kv_bytes(bfloat16_bytes: int, dtype: str) -> int:

@@ -10,10 +10,12 @@ at 500 requests, ~17 us for default vLLM). `full_sort_us_per_step` re-sorts ever
 `plugin_us_per_step` is the vLLM plug-in's own step code (`StreamingScheduler.plan_and_apply`:
 re-read changed views, plan, evict, order vLLM's queues) on a real vLLM scheduler and real
 `Request` objects (no model: `engine.offline_scheduler`), with N open streaming sessions of which
-PLUGIN_CHUNKS_PER_STEP get a new chunk each step (target: <= 50 us at 500). With the default
-token budget the step's new chunks all fit it, so vLLM schedules them whole in any order and the
-plug-in skips the sort; `plugin_contended_us_per_step` is the same with a budget of
-PLUGIN_CONTENDED_BUDGET tokens, less than the chunks' work, where the order decides (the sort runs).
+PLUGIN_CHUNKS_PER_STEP get a new chunk each step. With the default token budget the step's new
+chunks all fit it, so vLLM schedules them whole in any order and the plug-in skips the sort;
+`plugin_contended_us_per_step` is the same with a budget of PLUGIN_CONTENDED_BUDGET tokens, less
+than the chunks' work, where the order decides (the sort runs). Both have the same target, <= 50 us
+at 500 sessions (`plugin_meets_target`, `plugin_contended_meets_target`); the planner's own path
+(blocks short: it files and walks every request) is `plan_us_per_step`, without a target.
 Each figure is the best of REPEATS runs (different seeds): on a shared machine the minimum is the
 cost of the code, the rest is other processes' noise.
 """
@@ -163,8 +165,9 @@ def main(argv=None) -> int:
             print(f"{key} {name:13s} " + " ".join(f"{n}: {us:8.1f} us" for n, us in rows.items()))
     report["plugin_repeats"] = REPEATS
     report["plugin_target_us_at_500"] = PLUGIN_TARGET_US_AT_500
-    report["plugin_meets_target"] = all(rows["500"] <= PLUGIN_TARGET_US_AT_500
-                                        for rows in report["plugin_us_per_step"].values())
+    for key, verdict in (("plugin_us_per_step", "plugin_meets_target"),
+                         ("plugin_contended_us_per_step", "plugin_contended_meets_target")):
+        report[verdict] = all(rows["500"] <= PLUGIN_TARGET_US_AT_500 for rows in report[key].values())
     write_results(args.out, report, meta)
     print(f"wrote {args.out}")
     return 0

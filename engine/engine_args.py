@@ -163,7 +163,9 @@ def build_vllm_config(config: EngineConfig):
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     from engine.vllm_scheduler import scheduler_class
+    from engine.vllm_seams import check_vllm
 
+    check_vllm()  # fail here, naming the seam, rather than inside vLLM's engine core process
     vllm_config = AsyncEngineArgs(**engine_kwargs(config)).create_engine_config()
     scheduler = vllm_config.scheduler_config
     scheduler.scheduler_cls = scheduler_class(bool(scheduler.async_scheduling))

@@ -26,6 +26,26 @@ CHATML_TEMPLATE = (
 _READY = ".stream2llm-ready"
 
 
+KV_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def kv_bytes_per_token(name_or_path: str, dtype: str) -> int:
+    """KV cache bytes one token takes in a full-attention decoder (keys and values of every layer),
+    read from the model's `config.json`: what vLLM's `kv_cache_memory_bytes` buys per token."""
+    if dtype not in KV_DTYPE_BYTES:
+        raise ValueError(f"unknown KV dtype {dtype!r}; known: {sorted(KV_DTYPE_BYTES)}")
+    config = json.loads((Path(resolve_model(name_or_path)) / "config.json").read_text())
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    kv_heads = config.get("num_key_value_heads") or heads
+    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * KV_DTYPE_BYTES[dtype]
+
+
+def kv_cache_bytes(name_or_path: str, dtype: str, tokens: int) -> int:
+    """`kv_cache_memory_bytes` that holds `tokens` tokens of the model in `dtype`."""
+    return tokens * kv_bytes_per_token(name_or_path, dtype)
+
+
 class ModelNotAvailableError(RuntimeError):
     """The named model is neither an offline model nor an existing folder."""
 

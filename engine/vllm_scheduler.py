@@ -24,24 +24,24 @@ calls, and applies its decision to vLLM:
   its KV until the planner evicts it and rejoins the queues when its next chunk arrives.
 
 vLLM's block rules are the planner's in the plug-in (`StepBudget.whole_chunks`,
-`admit_whole_sequence`): a chunk is cut to the token budget, never to free memory, a waiting
-request is admitted only when its whole sequence fits, and admission stops at the first that does
-not, so the planner makes room for what vLLM will schedule; while anything runs, vLLM's admission
-watermark (`watermark`, 0 by default) is taken off the free blocks the planner sees, as vLLM keeps
-it free of admissions then. Where vLLM's structure still differs
-from the simulator, which applies the decision as is: vLLM schedules its running list before any
-waiting request (a waiting request ranked above a running one gets budget after it), drains waiting
-requests that hold KV before those that do not, admits no waiting request in a step where it
-preempted, cannot cut a chunk to the early-prefill allowance (it waits whole), and counts blocks
-itself (prefix-cache hits can make a request need fewer blocks than the planner priced), and runs a
-session's turns one at a time (a chunk that arrives while the session's turn runs waits for that
-turn's end, where the simulator appends every chunk on arrival; a turn not started yet takes later
-ones in, and the next turn takes in all that waited: `engine.vllm_sessions`). An idle
-stream whose KV was evicted stays blocked until its next chunk in both (the simulator models this
-too). The plug-in preempts by recompute and passes the planner no swap pool; on a GPU with
-`kv_offload_gib`, vLLM's offloading connector (`engine/kv_offload.py`) may load a victim's KV back
-instead, and which KV its host pool keeps is its own LRU order, not the simulator's rule that a
-completed prompt's KV displaces a blocked stream's (`planner._make_swap_room`).
+`admit_whole_sequence`): a chunk is cut to the token budget, never to free memory, a waiting request
+is admitted only when its whole sequence fits, and admission stops at the first that does not, so
+the planner makes room for what vLLM will schedule; while anything runs, vLLM's admission watermark
+(`watermark`, 0 by default) is taken off the free blocks the planner sees, as vLLM keeps it free of
+admissions then. Where vLLM's structure still differs from the simulator, which applies the decision
+as is: vLLM schedules its running list before any waiting request (a waiting request ranked above a
+running one gets budget after it), drains waiting requests that hold KV before those that do not,
+admits no waiting request in a step where it preempted, cannot cut a chunk to the early-prefill
+allowance (it waits whole), and counts blocks itself (prefix-cache hits can make a request need
+fewer blocks than the planner priced), and runs a session's turns one at a time (a chunk that
+arrives while the session's turn runs waits for that turn's end, where the simulator appends every
+chunk on arrival; a turn not started yet takes later ones in, and the next turn takes in all that
+waited: `engine.vllm_sessions`). An idle stream whose KV was evicted stays blocked until its next
+chunk in both (the simulator models this too). The plug-in preempts by recompute and passes the
+planner no swap pool; on a GPU with `kv_offload_gib`, vLLM's offloading connector
+(`engine/kv_offload.py`) may load a victim's KV back instead, and which KV its host pool keeps is
+its own LRU order, not the simulator's rule that a completed prompt's KV displaces a blocked
+stream's (`planner._make_swap_room`).
 
 The policy name comes from `additional_config[POLICY_KEY]` (`scheduler_additional_config`).
 """
@@ -56,8 +56,9 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import RequestStatus
 
+from engine.vllm_seams import check_scheduler, check_vllm
 from engine.vllm_sessions import SessionParkingMixin
-from engine.vllm_step_blocks import StepBlocks, free_for_planner, may_want_more_than
+from engine.vllm_step_blocks import StepBlocks, blocks_of, free_for_planner, may_want_more_than, num_held
 from engine.vllm_views import RECOMPUTED_KEY, ViewBook
 from scheduler.planner import StepBudget, plan_step
 from scheduler.policies import make_policy
@@ -76,7 +77,9 @@ class PolicySchedulerMixin:
     """The plug-in's behaviour, over vLLM's `Scheduler` or its `AsyncScheduler`."""
 
     def __init__(self, *args, **kwargs):
+        check_vllm()  # inside the engine core too: an engine built without `build_vllm_config`
         super().__init__(*args, **kwargs)
+        check_scheduler(self)
         extra = self.vllm_config.additional_config
         name = extra.get(POLICY_KEY, "default_vllm") if isinstance(extra, dict) else "default_vllm"
         self.stream_policy = make_policy(name)
@@ -127,7 +130,8 @@ class PolicySchedulerMixin:
         free = free_for_planner(self)
         blocks_short = may_want_more_than(self, free, with_work)
         if blocks_short:
-            decision = plan_step(book.ordered(), StepBlocks(free, book.views), self.step_budget)
+            decision = plan_step(book.ordered(), StepBlocks(free, book.views, blocks_of(self)),
+                                 self.step_budget, num_held=num_held(self))
             now = time.monotonic()
             for preemption in decision.preempted:
                 self._evict(self.requests[preemption.request_id], now)
@@ -146,17 +150,20 @@ class PolicySchedulerMixin:
         views, budget = self.book.views, self.step_budget
         queued = [views[r.request_id] for queue in (self.running, self.kv_holding_waiting, self.waiting)
                   for r in queue]
-        if sum(view.num_tokens_to_compute for view in queued) > budget.max_num_tokens:
-            return True
-        return budget.early_allowance(queued, free) < budget.max_num_tokens
+        work, limit = 0, budget.max_num_tokens
+        for view in queued:
+            work += view.num_tokens_to_compute
+            if work > limit:
+                return True
+        return budget.early_allowance(queued, free) < limit
 
     def _order_queues(self) -> None:
-        key = self.book.key
+        keys = self.book.keys  # cached per request until it changes: a sort costs no key computation
         if len(self.running) > 1:
-            self.running.sort(key=lambda r: key(r.request_id))
+            self.running.sort(key=lambda r: keys[r.request_id])
         for queue in (self.kv_holding_waiting, self.waiting):
             if len(queue) > 1:
-                ranked = sorted(queue, key=lambda r: key(r.request_id))
+                ranked = sorted(queue, key=lambda r: keys[r.request_id])
                 queue.clear()
                 queue.extend(ranked)
 
@@ -170,7 +177,8 @@ class PolicySchedulerMixin:
         simulator cuts it). A running stream held back keeps its KV and its slot: vLLM's admission
         counts slots as `len(running)` plus the sessions waiting for input, so those held out of
         `running` are added to the latter for the step. Under async scheduling a request whose
-        output of the previous step is still in flight (output placeholders) is never held."""
+        output of the previous step is still in flight (output placeholders) is never held, nor
+        one whose KV a connector is loading: vLLM notices the end of the load only in its queue."""
         budget, views = self.step_budget, self.book.views
         queues = (self.running, self.kv_holding_waiting, self.waiting)
         left = budget.early_allowance((views[r.request_id] for queue in queues for r in queue), free)
@@ -181,8 +189,9 @@ class PolicySchedulerMixin:
             for request in queue:
                 view = views[request.request_id]
                 work = view.num_tokens_to_compute
-                if (request.num_output_placeholders
-                        or budget.early_limit(view, work, budget.max_num_tokens, left)):
+                if view.loading:
+                    kept.append(request)
+                elif request.num_output_placeholders or budget.early_limit(view, work, budget.max_num_tokens, left):
                     left -= 0 if view.complete else work
                     kept.append(request)
                 else:
@@ -259,6 +268,11 @@ class PolicySchedulerMixin:
         if recomputed and kv_params is None and self.connector is None:
             kv_params = {RECOMPUTED_KEY: recomputed}
         return kv_params, ec_params
+
+    def _set_kv_fetch_stage(self, request, stage) -> None:
+        """Each stage of a connector's KV load (started, done, admitted) re-reads the view."""
+        super()._set_kv_fetch_stage(request, stage)
+        self.book.mark(request)
 
     def _update_after_schedule(self, scheduler_output) -> None:
         admitted = [new.req_id for new in scheduler_output.scheduled_new_reqs]

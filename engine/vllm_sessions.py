@@ -148,6 +148,17 @@ class SessionParkingMixin:
     def has_requests(self) -> bool:
         return super().has_requests() or bool(self._deferred_turns)
 
+    def has_finished_requests(self) -> bool:
+        """vLLM's own test, with parked sessions counted as queued: with a KV connector it takes any
+        request in none of its queues for one whose connector clean-up is pending, and the engine
+        core would then step empty batches for as long as a session is parked."""
+        if self.finished_req_ids:
+            return True
+        if self.connector is None:
+            return False
+        num_running, num_waiting = self.get_request_counts()
+        return len(self.requests) > num_running + num_waiting + len(self.parked)
+
     def finish_requests(self, request_ids, finished_status):
         ids = (request_ids,) if isinstance(request_ids, str) else request_ids
         for request_id in ids if ids is not None else list(self.parked):

@@ -9,10 +9,17 @@ from scheduler.planner import blocks_after
 
 
 class StepBlocks:
-    """vLLM's free blocks as the planner's `BlockManager`: arithmetic only, vLLM allocates."""
+    """vLLM's free blocks as the planner's `BlockManager`: arithmetic only, vLLM allocates.
 
-    def __init__(self, num_free: int, views: dict):
-        self._free, self._views = num_free, views
+    Freeing a victim credits only the blocks that return to vLLM's pool: a block shared by prefix
+    (a superseded request and its replacement, or two prompts with a common prefix) is freed
+    when its last holder lets it go. `blocks_of(request_id)` gives the request's blocks, one list
+    per KV cache group (vLLM's `KVCacheManager.get_blocks(...).blocks`), each with its reference
+    count; without it (a plan over views alone) a victim is credited with all its blocks."""
+
+    def __init__(self, num_free: int, views: dict, blocks_of=None):
+        self._free, self._views, self._blocks_of = num_free, views, blocks_of
+        self._holders: dict[int, int] = {}  # block id -> holders left once this plan's victims are freed
 
     def num_free(self) -> int:
         return self._free
@@ -24,9 +31,34 @@ class StepBlocks:
         self._free -= num_blocks
 
     def free(self, request_id: str, num_blocks: int | None = None) -> int:
-        count = self._views[request_id].num_kv_blocks if num_blocks is None else num_blocks
+        if num_blocks is not None:
+            count = num_blocks
+        elif self._blocks_of is None:
+            count = self._views[request_id].num_kv_blocks
+        else:
+            count, holders = 0, self._holders
+            for group in self._blocks_of(request_id):
+                for block in group:
+                    if block.is_null:
+                        continue
+                    left = holders.get(block.block_id, block.ref_cnt) - 1
+                    holders[block.block_id] = left
+                    count += left == 0
         self._free += count
         return count
+
+
+def num_held(scheduler) -> int:
+    """Blocks held by vLLM's requests, each counted once however many share it by prefix: the
+    pool less its free blocks and its null block."""
+    pool = scheduler.kv_cache_manager.block_pool
+    return pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
+
+
+def blocks_of(scheduler):
+    """The `blocks_of` of `StepBlocks` for a vLLM scheduler."""
+    manager = scheduler.kv_cache_manager
+    return lambda request_id: manager.get_blocks(request_id).blocks
 
 
 def free_for_planner(scheduler) -> int:

@@ -21,6 +21,16 @@ session path (`Scheduler._handle_stopped_request`, `_update_request_as_session`)
   is never computed, so an idle stream (`WAITING_FOR_STREAMING_REQ`, all prompt tokens computed)
   shows zero work. An idle stream whose KV was evicted is `blocked`: it cannot run before its next
   chunk.
+- Under async scheduling (vLLM's `AsyncScheduler`, the GPU default) the next step is scheduled
+  before the last one's output is back: `num_computed_tokens` already counts the tokens in flight,
+  and the tokens they will sample are `num_output_placeholders`. vLLM's work for a request is
+  `num_tokens + num_output_placeholders - num_computed_tokens`, so placeholders count as output
+  here too: a decode (or a question just after its prefill) shows its one token of work, not
+  zero, and one whose in-flight samples reach `max_tokens` shows none (vLLM does not schedule it).
+  Their sum with the sampled tokens does not change when the output arrives, so the view stays
+  true without a re-read then. A partial turn's placeholder is its throwaway token: no work.
+- `loading`: a KV connector loads the request's KV into its blocks (`WAITING_FOR_REMOTE_KVS`);
+  the planner neither schedules nor evicts it until the load ends (vLLM re-reads the status then).
 - `running` means resident (holds KV blocks), as in the simulator; `num_kv_blocks` counts the blocks
   of its computed tokens.
 
@@ -51,6 +61,7 @@ RECOMPUTED_KEY = "stream2llm_tokens_recomputed"
 DEFERRED_TURN = "stream2llm_deferred"
 _IDLE = RequestStatus.WAITING_FOR_STREAMING_REQ
 _RUNNING = RequestStatus.RUNNING
+_LOADING = RequestStatus.WAITING_FOR_REMOTE_KVS  # a KV connector's async load into its blocks in flight
 
 
 def _client_id(request_id: str) -> str:
@@ -74,24 +85,45 @@ def is_partial_turn(request) -> bool:
 def fill_view(view: RequestView, request, block_size: int) -> None:
     """Copy the request's scheduling state into `view` (arrival fields are the book's)."""
     computed = request.num_computed_tokens
-    partial = is_partial_turn(request)
+    params = request.sampling_params  # `is_partial_turn`, inlined: this runs for every changed request
+    extra = params.extra_args if params is not None else None
+    partial = bool(extra) and bool(extra.get(PARTIAL_TURN_ARG))
     # The question may wait in the request's streaming queue behind a context turn not yet
     # prefilled: the session is complete then, and must rank as such, or a context turn that only
     # free memory may serve (TailGuard) would hold its own question back forever.
-    view.complete = not partial or any(update is not None and not is_partial_params(update.sampling_params)
-                                       for update in request.streaming_queue or ())
+    queued = request.streaming_queue
+    view.complete = not partial or bool(queued) and any(
+        update is not None and not is_partial_params(update.sampling_params) for update in queued)
     view.num_prompt_tokens = request.num_prompt_tokens
     view.num_computed_tokens = computed
     if partial:  # the turn's sampled token is thrown away: never work
         view.num_output_tokens, view.max_output_tokens = 0, 1
         view.blocked = request.status == _IDLE and computed == 0
-    else:
-        view.num_output_tokens, view.max_output_tokens = request.num_output_tokens, request.max_tokens
+    else:  # tokens sampled by steps still in flight (async scheduling) count as output: see module doc
+        view.num_output_tokens = request.num_output_tokens + request.num_output_placeholders
+        view.max_output_tokens = request.max_tokens
         view.blocked = False
-    view.running = computed > 0 or request.status == _RUNNING
-    view.awaiting_admission = request.status != _RUNNING
+    status = request.status
+    view.running = computed > 0 or status == _RUNNING
+    view.awaiting_admission = status != _RUNNING
+    view.loading = status == _LOADING
     view.num_kv_blocks = -(-computed // block_size)
     view.num_preemptions = request.num_preemptions
+
+
+class _KeyCache(dict):
+    """Request id -> the policy's key of its view as last read: computed at the first sort that
+    needs it and kept until the view is read again, so a sort of vLLM's queues costs a dict
+    lookup per request that did not change, not a key computation."""
+
+    def __init__(self, book: "ViewBook"):
+        super().__init__()
+        self._views, self._policy_key = book.views, book.queue.policy.sort_key
+
+    def __missing__(self, request_id: str) -> tuple:
+        view = self._views[request_id]  # `PolicyQueue.key_for`, inlined (a call per changed request)
+        key = self[request_id] = (view.superseded, self._policy_key(view))
+        return key
 
 
 class ViewBook:
@@ -106,7 +138,10 @@ class ViewBook:
         self._dirty: dict[str, object] = {}
         self._put_aside: dict[str, object] = {}  # changed, not read yet: see `refresh_queued`
         self._unfiled: dict[str, RequestView] = {}  # read, not yet moved in the policy's order
+        # KV loads in flight: re-read every step, as vLLM ends a load inside its own `schedule`
+        self._loading: dict[str, object] = {}
         self._by_client_id: dict[str, str] = {}  # id the front end gave -> vLLM's internal id
+        self.keys = _KeyCache(self)  # request id -> the policy's key now: what vLLM's queues sort by
 
     def open(self, request) -> None:
         """A request vLLM has not seen before: its arrival opens the session."""
@@ -122,6 +157,7 @@ class ViewBook:
         if superseded is not None:
             superseded.superseded = True
             self.queue.touch(superseded)
+            self.keys.pop(superseded.request_id, None)
 
     def chunk(self, request, arrival: float) -> None:
         """The next turn of a streamed session arrived at `arrival` (vLLM's clock)."""
@@ -146,6 +182,8 @@ class ViewBook:
         self._dirty.pop(request_id, None)
         self._put_aside.pop(request_id, None)
         self._unfiled.pop(request_id, None)
+        self._loading.pop(request_id, None)
+        self.keys.pop(request_id, None)
         if self._by_client_id.get(_client_id(request_id)) == request_id:
             del self._by_client_id[_client_id(request_id)]
         if view is not None:
@@ -172,6 +210,10 @@ class ViewBook:
         aside unread (they are in no queue), the others are read but left where they were in the
         policy's order, `key` giving their key afresh, until the next `refresh()` files them all."""
         views, block_size, aside, unfiled = self.views, self.block_size, self._put_aside, self._unfiled
+        forget_key = self.keys.pop
+        if self._loading:
+            self._dirty.update(self._loading)
+            self._loading.clear()
         for request_id, request in self._dirty.items():
             if request_id in parked:
                 aside[request_id] = request
@@ -180,14 +222,14 @@ class ViewBook:
             view = views[request_id]
             fill_view(view, request, block_size)
             unfiled[request_id] = view
+            forget_key(request_id, None)
+            if view.loading:
+                self._loading[request_id] = request
         self._dirty.clear()
 
     def key(self, request_id: str) -> tuple:
         """The policy's current key of a live request (as of the last `refresh` or `refresh_queued`)."""
-        view = self.views[request_id]
-        if request_id in self._unfiled:
-            return self.queue.key_for(view)
-        return self.queue.key_of(view)
+        return self.keys[request_id]
 
     def __len__(self) -> int:
         return len(self.views)

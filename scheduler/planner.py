@@ -142,7 +142,8 @@ def choose(ordered: Sequence[RequestView], budget: StepBudget, capacity: int, fr
     for rank, view in enumerate(ordered):
         held = view.num_kv_blocks
         # Once the token budget is spent the rest only keep memory: skip pricing their work.
-        if token_left and (work := view.num_tokens_to_compute) and (admitting or not view.awaiting_admission):
+        if (token_left and (work := view.num_tokens_to_compute) and not view.loading
+                and (admitting or not view.awaiting_admission)):
             limit = budget.early_limit(view, work, token_left, early_left)
             tokens = _tokens_that_fit(view, work, limit, block_left, budget) if limit else 0
             if tokens > 0:
@@ -171,10 +172,14 @@ def _first_that_fits_alone(ordered, capacity: int, budget: StepBudget) -> Reques
 
 
 def plan_step(ordered: Sequence[RequestView], blocks: BlockManager, budget: StepBudget,
-              cost: CostModel | None = None, swap_pool: SwapPool | None = None) -> StepDecision:
-    """Plan one step over `ordered` (the policy's order of all waiting and running requests)."""
+              cost: CostModel | None = None, swap_pool: SwapPool | None = None,
+              num_held: int | None = None) -> StepDecision:
+    """Plan one step over `ordered` (the policy's order of all waiting and running requests).
+
+    `num_held`: the blocks the requests hold, each counted once (an engine whose requests share
+    prefix blocks: vLLM); None: the sum of their views' blocks (nothing shared: the simulator)."""
     free = blocks.num_free()
-    capacity = free + sum(v.num_kv_blocks for v in ordered)
+    capacity = free + (sum(v.num_kv_blocks for v in ordered) if num_held is None else num_held)
     chosen = choose(ordered, budget, capacity, free)
     if any(tokens for _, _, tokens, _ in chosen):
         return _acquire(ordered, chosen, blocks, cost, swap_pool, _any_victim)
@@ -196,11 +201,12 @@ def _no_work(view: RequestView) -> bool:
 
 
 def _victims(ordered, chosen, allowed):
-    """(rank, view) of requests that hold blocks and were not chosen, lowest priority first."""
+    """(rank, view) of requests that hold blocks and were not chosen, lowest priority first (never
+    one whose KV is being loaded: its blocks are the load's target)."""
     chosen_seqs = {view.seq for _, view, _, _ in chosen}
     for rank in range(len(ordered) - 1, -1, -1):
         view = ordered[rank]
-        if view.num_kv_blocks and view.seq not in chosen_seqs and allowed(view):
+        if view.num_kv_blocks and view.seq not in chosen_seqs and not view.loading and allowed(view):
             yield rank, view
 
 

@@ -35,6 +35,9 @@ class RequestView:
     # such a session out of its queues; recomputing it early would sample a token nobody asked for);
     # under a policy that degrades evicted streams, it waits for its question (`unblock`).
     blocked: bool = False
+    # Its KV is being loaded into its blocks (vLLM: an async KV-connector load in flight): it cannot
+    # run, and its blocks cannot be freed, until the load ends; the planner never evicts it.
+    loading: bool = False
     superseded: bool = False  # replaced by a newer request of its session (engine: after a `replace`)
     chunk_gaps: list[float] = field(default_factory=list)  # recent inter-chunk gaps, oldest first
 

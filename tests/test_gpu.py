@@ -3,6 +3,10 @@
 Deselected on CPU machines (`scripts/test.sh` runs `-m "not gpu"`). Each test fails, rather than
 skips, when it is selected on a machine without a CUDA GPU: a GPU run that quietly tests nothing
 would read as green. The one skip is the tensor-parallel test on a machine with a single GPU.
+None of these has run yet: no GPU has been lent to the project. What they lean on was checked on
+CPU: KV caches are sized from the model's config (`engine.models.kv_cache_bytes`, checked against
+vLLM's accounting in tests/test_engine_kv_sizing.py), and the eviction scenario
+(`tests.eviction_scenario`) passes on the CPU engine (tests/test_engine_eviction_order.py).
 """
 
 import asyncio
@@ -13,6 +17,8 @@ import pytest
 
 from engine.api import SamplingConfig
 from engine.config import EngineConfig
+from engine.models import kv_cache_bytes
+from tests import eviction_scenario
 from tests.conftest import collect
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
@@ -27,13 +33,25 @@ def _cuda_devices() -> int:
     return torch.cuda.device_count()
 
 
+MAX_MODEL_LEN = 2048
+CHUNK = 1024  # tokens per chunk of the eviction scenario
+
+
 def _gpu_config(**fields) -> EngineConfig:
     _cuda_devices()
-    return EngineConfig(**{"model": "smollm2", "platform": "cuda", "max_model_len": 4096,
+    return EngineConfig(**{"model": "smollm2", "platform": "cuda", "max_model_len": MAX_MODEL_LEN,
                            "gpu_memory_utilization": 0.3, "dtype": "float32", **fields})
 
 
-def _session_chunks(engine, session: int, chunks: int = 4, words: int = 120) -> list[list[int]]:
+def _pressure_config(**fields) -> EngineConfig:
+    """A cache of `eviction_scenario.CACHE_CHUNKS` chunks, sized from SmolLM2's config (float32)."""
+    tokens = int(eviction_scenario.CACHE_CHUNKS * CHUNK)
+    return _gpu_config(gpu_memory_utilization=None, kv_cache_memory_bytes=kv_cache_bytes("smollm2", "float32", tokens),
+                       **fields)
+
+
+# ~25 tokens per line: 4 chunks of 12 lines stay under MAX_MODEL_LEN with the question
+def _session_chunks(engine, session: int, chunks: int = 4, words: int = 12) -> list[list[int]]:
     return [engine.tokenize(" ".join(f"doc {session}.{c} line {w}: value {(session * 31 + c * 7 + w) % 97}."
                                      for w in range(words))) for c in range(chunks)]
 
@@ -68,26 +86,30 @@ async def test_streaming_equals_one_shot_under_cuda_graphs():
         await engine.shutdown()
 
 
-async def test_scheduler_plugin_runs_under_async_scheduling_with_kv_pressure():
+@pytest.mark.parametrize("policy", ["fcfs", "tailguard"])
+async def test_eviction_follows_the_policy_under_async_scheduling(policy):
+    """The plug-in over vLLM's `AsyncScheduler` (the GPU default): the latest idle stream is evicted
+    for a one-shot prompt, the earliest keeps its KV, every answer equals its one-shot answer; then
+    24 streamed sessions several times the cache all answer exactly."""
     from engine.vllm_engine import create_engine
     from engine.vllm_scheduler import AsyncStreamingScheduler
 
-    engine = await create_engine(_gpu_config(policy="tailguard", gpu_memory_utilization=None,
-                                             kv_cache_memory_bytes=64 << 20))
+    engine = await create_engine(_pressure_config(policy=policy))
     try:
-        scheduler_config = engine._llm.vllm_config.scheduler_config
-        assert scheduler_config.async_scheduling, "vLLM's GPU default is async scheduling"
-        assert scheduler_config.get_scheduler_cls() is AsyncStreamingScheduler
+        assert engine._llm.vllm_config.scheduler_config.get_scheduler_cls() is AsyncStreamingScheduler
+        result = await asyncio.wait_for(eviction_scenario.run(engine, CHUNK), 300)
+        eviction_scenario.assert_evicted_in_policy_order(result)
         streamed, one_shot = await asyncio.wait_for(_streamed_and_one_shot(engine, sessions=24), 300)
         assert streamed == one_shot
-        assert (await engine.stats()).preemptions > 0, "the cache was sized to force evictions"
     finally:
         await engine.shutdown()
 
 
-@pytest.mark.parametrize("swap_in_s_per_block", [None, 1e-6, 1.0])
-async def test_kv_offload_under_pressure_answers_stay_exact(tmp_path, swap_in_s_per_block):
-    """Plain offload (None), and the cost-aware connector with loading priced cheap or dear."""
+@pytest.mark.parametrize("swap_in_s_per_block, loaded", [(None, True), (1e-6, True), (1.0, False)],
+                         ids=["plain", "cheap-load", "dear-load"])
+async def test_offloaded_kv_is_loaded_back_or_recomputed_by_the_cost_model(tmp_path, swap_in_s_per_block, loaded):
+    """The evicted stream's KV comes back from the host pool (plain offload, or the cost model
+    pricing a load cheap): it recomputes at most its last blocks; priced dear, it recomputes what the prefix cache lost."""
     from engine.vllm_engine import create_engine
     from scheduler.cost_model import build_cost_model, save_cost_model
 
@@ -97,18 +119,17 @@ async def test_kv_offload_under_pressure_answers_stay_exact(tmp_path, swap_in_s_
         cost_path = tmp_path / "cost.json"
         save_cost_model(build_cost_model([(16, 0.001), (4096, 0.05)], block_size=16, device="cuda",
                                          model="smollm2", swap_out=swap, swap_in=swap), cost_path)
-    engine = await create_engine(_gpu_config(policy="tailguard", gpu_memory_utilization=None,
-                                             kv_cache_memory_bytes=64 << 20, kv_offload_gib=2.0,
-                                             cost_model_path=str(cost_path) if cost_path else None))
+    engine = await create_engine(_pressure_config(policy="fcfs", kv_offload_gib=2.0,
+                                                  cost_model_path=str(cost_path) if cost_path else None))
     try:
-        transfer = engine._llm.vllm_config.kv_transfer_config
-        assert transfer is not None  # vLLM's CPU offloading connector, or ours over it
-        assert (transfer.kv_connector == "CostAwareOffloadingConnector") == (cost_path is not None)
-        streamed, one_shot = await asyncio.wait_for(_streamed_and_one_shot(engine, sessions=24), 300)
-        assert streamed == one_shot
-        assert (await engine.stats()).preemptions > 0
+        assert engine._llm.vllm_config.kv_transfer_config is not None
+        result = await asyncio.wait_for(eviction_scenario.run(engine, CHUNK), 300)
+        block_size = (await engine.stats()).block_size
     finally:
         await engine.shutdown()
+    assert result["answers"] == result["expected"] and result["preemptions"] > 0
+    evicted = result["recomputed"][-1]
+    assert (evicted <= max(2 * block_size, CHUNK // 8)) if loaded else (evicted > CHUNK // 4), result["recomputed"]
 
 
 async def test_calibrate_measures_the_swap_side_with_offload():
