@@ -171,4 +171,4 @@ def render(*datas: dict) -> str:
 def provenance(*datas: dict) -> str:
     """One line for the block: each row names its file; each file's run is on its own table below."""
     return (f"Results: `bench/results/` ({len(datas)} files, one per row as named); each file's commit, "
-            "date, machine and seeds are on its benchmark's table below.")
+            "date, machine and seeds are under its benchmark's table (here or in docs/BENCHMARKS_COMPONENTS.md).")

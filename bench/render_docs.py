@@ -1,4 +1,4 @@
-"""Render the results tables of docs/BENCHMARKS.md and the README from bench/results/*.json.
+"""Render the results tables of docs/BENCHMARKS*.md and the README from bench/results/*.json.
 
     python -m bench.render_docs            # rewrite every generated block in place
     python -m bench.render_docs --check    # exit 1 when a committed block differs from its JSON
@@ -23,7 +23,7 @@ from bench import claims, doc_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-DOCS = (ROOT / "docs" / "BENCHMARKS.md", ROOT / "README.md")
+DOCS = (ROOT / "docs" / "BENCHMARKS.md", ROOT / "docs" / "BENCHMARKS_COMPONENTS.md", ROOT / "README.md")
 BLOCK = re.compile(r"(<!-- results:([\w.-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
 
 
