@@ -18,7 +18,7 @@ import httpx
 
 from pipeline.config import AppConfig
 
-REPO = str(Path(__file__).resolve().parent.parent)
+REPO = str(Path(__file__).resolve().parents[2])  # pipeline/run/local.py -> the checkout
 
 
 def free_port() -> int:
