@@ -34,6 +34,7 @@ from pathlib import Path
 import ray
 
 from bench.results_meta import start_run, write_results
+from bench.stats import percentile
 from pipeline.control.central import get_or_create_scheduler
 from pipeline.control.central_client import CentralClient
 from pipeline.config import AppConfig, SchedulerSettings
@@ -162,9 +163,10 @@ class LoadGenerator:
                 "actor_calls": calls, "from_slots": self.scheduler.from_slots if self.batched else 0}
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+def ms_at(latencies: list[float], q: float) -> float | None:
+    """The `q`-th percentile of `latencies` (seconds) in ms, rounded; None when there are none."""
+    value = percentile(latencies, q)
+    return None if value is None else round(1000 * value, 3)
 
 
 def measure(scheduler, batched: bool, generators: int, concurrency: int, duration_s: float,
@@ -196,8 +198,8 @@ def summarize(results: list[dict]) -> dict:
         "actor_calls_per_admit": round(sum(r["actor_calls"] for r in results) / max(1, len(latencies)), 3),
         "from_slots_frac": round(sum(r["from_slots"] for r in results) / max(1, len(latencies)), 3),
         "admits_per_s": round(len(latencies) / elapsed, 1),
-        "admit_p50_ms": round(1000 * percentile(latencies, 0.50), 3),
-        "admit_p99_ms": round(1000 * percentile(latencies, 0.99), 3),
+        "admit_p50_ms": ms_at(latencies, 50),
+        "admit_p99_ms": ms_at(latencies, 99),
     }
 
 
@@ -229,8 +231,7 @@ def logic_cost(admits: int = 20_000) -> dict:
 def ray_round_trip(scheduler, duration_s: float) -> dict:
     pinger = LoadGenerator.remote(scheduler, "ping", False)
     latencies = ray.get(pinger.ping.remote(duration_s))
-    return {"calls": len(latencies), "p50_ms": round(1000 * percentile(latencies, 0.50), 3),
-            "p99_ms": round(1000 * percentile(latencies, 0.99), 3)}
+    return {"calls": len(latencies), "p50_ms": ms_at(latencies, 50), "p99_ms": ms_at(latencies, 99)}
 
 
 def median_of(runs: list[dict], keys: tuple[str, ...]) -> dict:

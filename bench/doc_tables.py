@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-from bench.engine_load import REPLAY_ORDER_PER_ENGINE, summarize as summarize_engine_load
+from bench.engine_load import REPLAY_ORDER_PER_ENGINE
 from bench.results_meta import META_KEY, missing_metadata, run_number
 from stream2llm.data.traces import PromptMode
 
@@ -61,7 +61,7 @@ def provenance(name: str, data: dict) -> str:
     if machine:
         load = f", load {machine['load_avg_before'][0]:.1f} -> {machine['load_avg_after'][0]:.1f}"
         gpus = f", {len(machine['gpus'])} GPU(s) {machine['gpus'][0]}" if machine.get("gpus") else ""
-        parts.append(f"{machine['cores']} cores{gpus}{load}")
+        parts.append(f"{machine['cores']} cores{_cpu(machine)}{gpus}{load}")
     parts += [str(meta[k]) for k in ("model", "dtype") if meta.get(k)]
     parts += [f"no {k}" for k in ("model", "dtype") if META_KEY in data and k in data[META_KEY] and data[META_KEY][k] is None]
     if meta.get("seeds") is not None:
@@ -73,6 +73,14 @@ def provenance(name: str, data: dict) -> str:
         if meta.get("note"):
             line += f" ({meta['note'].rstrip('.')})"
     return line + "."
+
+
+def _cpu(machine: dict) -> str:
+    """` of <CPU model> (native bfloat16: yes|no)` where the file records them."""
+    text = f" of {machine['cpu_model']}" if machine.get("cpu_model") else ""
+    if machine.get("cpu_bf16") is not None:
+        text += f" (native bfloat16: {num(machine['cpu_bf16'])})"
+    return text
 
 
 def engine_ttft(data: dict) -> str:
@@ -114,26 +122,6 @@ def engine_load(data: dict) -> str:
             f"{num(summary['stream_vs_oneshot_worst_ratio_of_medians'])}), `light_load_speedup_p50` "
             f"{num(summary['light_load_speedup_p50'])} (target >= 3), `tailguard_lowest_p99` "
             f"{num(summary['tailguard_lowest_p99'])} (seeds won per top level: {summary['tailguard_p99_lowest_seeds']}).")
-
-
-def engine_load_history(*runs: dict) -> str:
-    """Every kept full-size engine_load run, its summary recomputed from its per-seed runs by
-    today's `bench.engine_load.summarize` (files written before a key existed get it too)."""
-    rows = []
-    for data in sorted(runs, key=lambda d: d[META_KEY]["date_utc"]):
-        meta = data[META_KEY]
-        summary = summarize_engine_load(data["runs"], [str(q) for q in data["qps"]], [str(s) for s in meta["seeds"]])
-        ratios = summary["stream_vs_oneshot_ratios"]
-        worst = max(ratios, key=ratios.get)
-        rows.append([meta["commit"][:7], meta["date_utc"][:16].replace("T", " "),
-                     data.get("replay_order", REPLAY_ORDER_PER_ENGINE),
-                     f"{num(summary['stream_vs_oneshot_worst_ratio'])} (QPS {worst.replace('/', ' ')})",
-                     num(summary["stream_vs_oneshot_worst_ratio_of_medians"]),
-                     num(summary["stream_vs_oneshot_worst_seed_ratio"]), num(summary["light_load_speedup_p50"]),
-                     ", ".join(f"QPS {q}: {w} of {len(meta['seeds'])}"
-                               for q, w in summary["tailguard_p99_lowest_seeds"].items())])
-    return table(["commit", "date (UTC)", "replay order", "worst ratio, median per-seed (cell)", "worst ratio of medians",
-                  "worst single seed", "light-load P50 speed-up", "TailGuard lowest P99 (seeds)"], rows)
 
 
 def central(data: dict) -> str:
@@ -200,19 +188,10 @@ def _serving_rows(s: dict | None, o: dict | None) -> list[list[str]]:
             ("median / p99 E2EL", "median_e2el_ms", "p99_e2el_ms")]
     rows = [[label, f"{ms(s[a])} / {ms(s[b])}", f"{ms(o[a])} / {ms(o[b])}"] for label, a, b in keys]
     if s.get("request_goodput") is not None:
-        rows.append([f"request goodput at {s['goodput_slos_ms']} ms", num(s["request_goodput"], 3, " req/s"),
+        slos = ", ".join(f"{name.upper()} <= {ms(bound)}" for name, bound in s["goodput_slos_ms"].items())
+        rows.append([f"request goodput ({slos})", num(s["request_goodput"], 3, " req/s"),
                      num(o["request_goodput"], 3, " req/s")])
     return rows
-
-
-def replay_sweep(data: dict) -> str:
-    rows = [[c["policy"], c["mode"], num(c["qps"]), c["sessions"], c["answered"], c["rejected"], c["failed"],
-             ms(_ms(c["ttft_p50_s"])), ms(_ms(c["pipeline_overhead_p50_s"]))] for c in data["cells"]]
-    total = {k: sum(c[k] for c in data["cells"]) for k in ("sessions", "answered", "rejected", "failed")}
-    return (table(["policy", "mode", "QPS", "sessions", "answered", "rejected", "failed", "TTFT p50",
-                   "overhead p50"], rows) + "\n\n"
-            f"In all: {total['sessions']} requests, {total['answered']} answered, {total['rejected']} rejected (429), "
-            f"{total['failed']} failed; {num(data['wall_s'])} s.")
 
 
 def _ms(value):
@@ -392,18 +371,17 @@ def engine_entry(data: dict) -> dict:
 
 
 def engine_policies(data: dict) -> str:
-    """Policies on the real CPU engine (`policies.json` workloads.crawler.engine), every stored run."""
+    """Policies on the real CPU engine (`policies.json` workloads.crawler.engine): the newest run;
+    the earlier runs the file keeps are named, not shown."""
     e = engine_entry(data)
     last, earlier = run_number(e), e.get("earlier_runs", [])  # earlier_runs: newest first
     # a run kept from before `run_number` existed counts back from the newest
-    numbered = [(run.get("run_number") or last - 1 - i, run) for i, run in enumerate(earlier)]
-    parts = []
-    for number, run in [*reversed(numbered), (last, e)]:
-        commit = (run.get(META_KEY) or {}).get("commit")
-        origin = f"commit {commit[:10]}" if commit else "commit not recorded"
-        parts.append(f"Run {number} of {last} ({origin}): TTFT p50 / p95 / p99 (s), preemptions, makespan (s)\n\n"
-                     + table(["policy", "TTFT p50 / p95 / p99", "preemptions", "makespan"],
-                             _policy_cells(run["results"])))
+    kept = sorted(run.get("run_number") or last - 1 - i for i, run in enumerate(earlier))
+    commit = (e.get(META_KEY) or {}).get("commit")
+    origin = f"commit {commit[:10]}" if commit else "commit not recorded"
+    also = f"; the file also keeps runs {', '.join(map(str, kept))}" if kept else ""
+    parts = [f"Run {last} of {last} ({origin}{also}): TTFT p50 / p95 / p99 (s), preemptions, makespan (s)\n\n"
+             + table(["policy", "TTFT p50 / p95 / p99", "preemptions", "makespan"], _policy_cells(e["results"]))]
     err = e.get("sim_vs_engine", {})
     parts.append(f"{e['sessions']} sessions, QPS {num(e['qps'])}, seed {e['seed']}, {e['kv_tokens']:,} KV tokens, "
                  f"{e['model']}. Simulator vs engine (same trace, calibrated cost model): median relative error "
@@ -419,21 +397,6 @@ def _median_error(comparison: dict, tail: str) -> float | None:
     errors = [abs(row[k]["rel_error"]) for runs in comparison.get("runs", {}).values()
               for row in runs.values() for k in ("ttft_p50_s", tail)]
     return statistics.median(errors) if errors else None
-
-
-def cost_model(data: dict) -> str:
-    """The calibrated CPU cost model stored with the engine-policy run (`stream2llm calibrate`)."""
-    cm = engine_entry(data)["cost_model"]
-    rows = [[f"{int(n):,}", ms(s * 1e3)] for n, s in cm["recompute"]]
-    decode = ", ".join(f"batch {int(b)}: {ms(s * 1e3)}" for b, s in cm["decode_step"])
-    # the context curves start with their (0, 0) anchor; files from before they were measured lack them
-    prefill_context = ", ".join(f"{int(p):,} pairs: +{ms(s * 1e3)}" for p, s in (cm.get("prefill_context") or [])[1:])
-    decode_context = ", ".join(f"+{int(t):,} tokens: +{ms(s * 1e3)}" for t, s in (cm.get("decode_context") or [])[1:])
-    context = (f"Cached context (new x cached token pairs) adds to a prefill: {prefill_context}. Context "
-               f"beyond {cm.get('decode_base_context')} tokens adds to a decode step: {decode_context}. "
-               if prefill_context else "No cached-context curves in this run. ")
-    return (table(["prompt tokens", "prefill latency"], rows) + f"\n\nDecode step: {decode}. {context}"
-            f"Swap: {'measured' if cm.get('swap_in') else 'unavailable'}. {cm.get('notes', '')}")
 
 
 def readme_figures(engine: dict, long_gap: dict, pipe: dict, qa_data: dict, rel: dict) -> str:

@@ -47,6 +47,7 @@ from bench.engine_replay import replay
 from bench.engine_sizing import kv_bytes
 from bench.results_meta import engine_dtype, start_run, write_results
 from bench.serving_metrics import RequestRecord, serving_metrics
+from bench.stats import percentile
 from engine.config import DEFAULT_MODEL, EngineConfig
 from stream2llm.data.traces import PromptMode, poisson_arrivals
 from scheduler.policies import POLICIES
@@ -67,7 +68,7 @@ QUICK = dict(qps=(0.5, 1.0, 2.0, 4.0), seeds=(0, 2), sessions=3, delay=0.2)
 def run_key(summary: dict) -> dict:
     e2e = summary["e2e_s"]
     row = {k: summary[k] for k in KEYS if k in summary}
-    row["e2e_p50_s"], row["e2e_p99_s"] = float(np.percentile(e2e, 50)), float(np.percentile(e2e, 99))
+    row["e2e_p50_s"], row["e2e_p99_s"] = percentile(e2e, 50), percentile(e2e, 99)
     records = [RequestRecord(0.0, t, e, n) for t, e, n in zip(summary["ttft_s"], e2e, summary["output_tokens"])]
     row["serving"] = serving_metrics(records, summary["makespan_s"])
     return row

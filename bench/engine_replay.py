@@ -10,6 +10,7 @@ import uuid
 
 import numpy as np
 
+from bench.stats import percentile
 from engine.api import SamplingConfig, SessionStats
 from engine.calibration import random_prompt
 
@@ -71,8 +72,8 @@ async def replay(engine, traces, arrivals, streaming: bool, seed: int = 0) -> di
         raise RuntimeError("a replayed request produced no token")
     preemptions = (await engine.stats()).preemptions - before
     return {
-        "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p95_s": float(np.percentile(ttft, 95)),
-        "ttft_p99_s": float(np.percentile(ttft, 99)), "ttft_mean_s": float(np.mean(ttft)),
+        "ttft_p50_s": percentile(ttft, 50), "ttft_p95_s": percentile(ttft, 95),
+        "ttft_p99_s": percentile(ttft, 99), "ttft_mean_s": float(np.mean(ttft)),
         "makespan_s": max(s.done_at for s in stats) - zero, "preemptions": preemptions,
         "tokens_recomputed": sum(s.tokens_recomputed for s in stats),
         "num_requests": len(stats), "ttft_s": ttft,

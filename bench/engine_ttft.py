@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import time
 from pathlib import Path
 
 from engine.api import SamplingConfig
 from bench.results_meta import engine_dtype, start_run, write_results
+from bench.stats import percentile
 from engine.config import DEFAULT_MODEL, PLATFORMS, EngineConfig
 from engine.measure import run_floor, run_one_shot, run_streamed
 from engine.prompt import ContextDoc, RagPrompt
@@ -39,11 +39,6 @@ def pack_chunks(prompt: RagPrompt, docs, num_chunks: int, chunk_tokens: int, sta
             index += 1
         chunks.append(chunk)
     return chunks, index
-
-
-def percentile(values, q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def bench(args) -> dict:
@@ -79,7 +74,7 @@ async def bench(args) -> dict:
 def summarize(rows, args) -> dict:
     def block(key):
         values = [r[key] for r in rows]
-        return {"ttft_p50_s": statistics.median(values), "ttft_p95_s": percentile(values, 0.95)}
+        return {"ttft_p50_s": percentile(values, 50), "ttft_p95_s": percentile(values, 95)}
 
     result = {PromptMode.STREAM: block("stream_ttft_s"), PromptMode.ONESHOT: block("oneshot_ttft_s"),
               "floor": block("floor_ttft_s"), "outputs_identical": all(r["identical"] for r in rows),

@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import httpx
-import numpy as np
 
 from bench import ingress_costs
 from bench.serving_metrics import MetricsError, record_from_summary, serving_metrics
+from bench.stats import percentile
 
 from stream2llm.data.traces import (PromptMode, QueryTrace, poisson_arrivals, read_crawler_csv, read_vector_csv,
                                synthetic_crawler_traces, synthetic_vector_traces, write_crawler_csv,
@@ -123,11 +123,6 @@ def write_request_traces(traces: list[QueryTrace], folder: Path, tag: str,
 
 
 # ---- statistics (pure) --------------------------------------------------------------------------
-def percentile(values, q: float) -> float | None:
-    values = [v for v in values if v is not None]
-    return float(np.percentile(values, q)) if values else None
-
-
 def ccdf(values) -> tuple[list[float], list[float]]:
     """Sorted values and P(X >= x) at each: from 1 down to 1/n (plottable on a log axis)."""
     xs = sorted(v for v in values if v is not None)

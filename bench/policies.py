@@ -12,7 +12,7 @@ bigger model or other tenants), about half of what the streams would hold. Host 
 Reshaped workloads: `crawler_heavy_tail` (chunk gaps with the same median but three times the
 mean: a heavier tail) and `crawler_many_small` (twice the chunks, each half the size); no parameter
 was chosen on them, but two planner rules (the memory gate on early prefill, the swap pool
-following the clocks) came from tracing the heavy-tailed one (docs/BENCHMARKS.md).
+following the clocks) came from tracing the heavy-tailed one.
 Every scenario runs with trace/arrival seeds 0-2 (`--seeds`); each seed's grid is kept in the JSON
 (`seeds`), and `sim` holds seed 0's grid as before. `tailguard_vs_oneshot` says, per seed,
 whether TailGuard's streaming P99 TTFT is at most the one-shot one, and its P50 speed-up.

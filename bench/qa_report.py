@@ -9,8 +9,7 @@ order (the crawler's pages can arrive in another order in the two runs, and then
 
 from __future__ import annotations
 
-import statistics
-
+from bench.stats import percentile
 from stream2llm.data.answer_judge import wilson_interval
 from stream2llm.data.corpus import GroundedQuestion
 from stream2llm.data.traces import PromptMode
@@ -27,8 +26,8 @@ def accuracy(flags: list[bool]) -> dict:
 
 
 def p50(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return round(statistics.median(values), 4) if values else None
+    value = percentile(values, 50)
+    return None if value is None else round(value, 4)
 
 
 def make_row(q: GroundedQuestion, source: str, results: dict) -> dict:

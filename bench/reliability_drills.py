@@ -23,7 +23,8 @@ from collections import Counter
 
 import httpx
 
-from bench.http_replay import percentile, relative_timings
+from bench.http_replay import relative_timings
+from bench.stats import percentile
 from bench.serving_metrics import record_from_summary, serving_metrics
 from pipeline.app import ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT
 from pipeline.config import AppConfig

@@ -1,4 +1,4 @@
-"""Render the results tables of docs/BENCHMARKS.md and the README from bench/results/*.json.
+"""Render the results tables of docs/BENCHMARKS*.md and the README from bench/results/*.json.
 
     python -m bench.render_docs            # rewrite every generated block in place
     python -m bench.render_docs --check    # exit 1 when a committed block differs from its JSON
@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import doc_tables
+from bench import claims, doc_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-DOCS = (ROOT / "docs" / "BENCHMARKS.md", ROOT / "README.md")
+DOCS = (ROOT / "docs" / "BENCHMARKS.md", ROOT / "docs" / "BENCHMARKS_COMPONENTS.md", ROOT / "README.md")
 BLOCK = re.compile(r"(<!-- results:([\w.-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
 
 
@@ -37,6 +37,8 @@ class Entry:
     render: Callable[..., str]
     # the part of the (single) file the block shows, when that part records its own provenance
     part: Callable[[dict], dict] | None = None
+    # the block's provenance text from its files' JSON, instead of one `doc_tables.provenance` line each
+    provenance: Callable[..., str] | None = None
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -44,27 +46,20 @@ class Entry:
 
 
 REGISTRY: dict[str, Entry] = {
+    "claims": Entry(claims.files(), claims.render, provenance=claims.provenance),
     "engine_ttft": Entry("engine_ttft.json", doc_tables.engine_ttft),
     "engine_ttft_long_gap": Entry("engine_ttft_long_gap.json", doc_tables.engine_ttft),
     "cpu_dtype": Entry("cpu_dtype.json", doc_tables.cpu_dtype),
     "central": Entry("central.json", doc_tables.central),
     "engine_load": Entry("engine_load.json", doc_tables.engine_load),
-    "engine_load_history": Entry(("engine_load_full_c37ccd0.json", "engine_load_full_4abc8b2.json",
-                                  "engine_load_full_bd2ea9f.json", "engine_load_full_2e09fe4.json",
-                                  "engine_load_full_b2a588a.json", "engine_load_full_de08164.json",
-                                  "engine_load_full_b154420.json", "engine_load.json"), doc_tables.engine_load_history),
     "pipeline": Entry("pipeline.json", doc_tables.pipeline),
-    "pipeline_qps0.15": Entry("pipeline_qps0.15.json", doc_tables.pipeline),
-    "replay_tiny_sweep": Entry("replay_tiny_sweep/results.json", doc_tables.replay_sweep),
     "qa": Entry("qa.json", doc_tables.qa),
-    "qa_kinds": Entry("qa_kinds.json", doc_tables.qa),
     "reliability": Entry("reliability.json", doc_tables.reliability),
     "soak": Entry("soak.json", doc_tables.soak),
     "policies": Entry("policies.json", doc_tables.policies),
     "scheduler_overhead": Entry("scheduler_overhead.json", doc_tables.scheduler_overhead),
     "retrievers": Entry("retrievers.json", doc_tables.retrievers),
     "engine_policies": Entry("policies.json", doc_tables.engine_policies, doc_tables.engine_entry),
-    "cost_model": Entry("policies.json", doc_tables.cost_model, doc_tables.engine_entry),
     "readme_figures": Entry(("engine_ttft.json", "engine_ttft_long_gap.json", "pipeline.json", "qa.json",
                              "reliability.json"), doc_tables.readme_figures),
 }
@@ -81,6 +76,8 @@ def render_block(name: str, results_dir: Path = RESULTS) -> str:
         if not path.is_file():
             raise RenderError(f"block {name!r}: results file {path} is missing")
         datas.append(json.loads(path.read_text(encoding="utf-8")))
+    if entry.provenance is not None:
+        return f"{entry.render(*datas)}\n\n{entry.provenance(*datas)}\n"
     origins = [entry.part(d) for d in datas] if entry.part else datas
     lines = "\n".join(f"- {doc_tables.provenance(f, d)}" if len(datas) > 1 else doc_tables.provenance(f, d)
                       for f, d in zip(entry.files, origins))

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from bench.results_meta import start_run, write_results
+from bench.stats import percentile
 from retrievers.embedding import MODEL_PACKAGE
 from retrievers.chunking import whitespace_count
 from stream2llm.data.corpus import load_documents, load_grounded_questions
@@ -30,11 +31,6 @@ from retrievers.site_pages import article_page
 from stream2llm.paths import cache_path
 
 RESULTS = Path(__file__).parent / "results" / "retrievers.json"
-
-
-def _pct(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
 async def bench_crawler(queries: list[str], latency_queries: int) -> dict:
@@ -117,7 +113,7 @@ async def bench_vector(subset: int | None, k: int) -> dict:
                      "hit_first": q.doc_id in {c.url_or_doc_id for c in replaces[0].chunks},
                      "exact_match": set(replaces[-1].source_ids) == {index.chunks[i].chunk_id for i in exact}})
     path = write_traces(traces, cache_path("traces", "recorded_vector.csv"))
-    ms = lambda key, q: round(1000 * _pct([r[key] for r in rows], q), 3)  # noqa: E731
+    ms = lambda key, q: round(1000 * percentile([r[key] for r in rows], 100 * q), 3)  # noqa: E731
     return {"index": index.meta["name"], "documents": index.meta["documents"], "chunks": index.meta["chunks"],
             "nlist": index.nlist, "on_gpu": retriever.on_gpu, "k": k, "questions": len(rows),
             "embedding_chunks_per_s": round(docs_per_s, 2), "index_build_chunks_per_s": index.meta["embed_chunks_per_s"],

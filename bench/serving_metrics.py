@@ -12,6 +12,7 @@ Definitions follow vLLM's `benchmark_serving`:
   may carry several tokens, as a streamed chunk does in vLLM's client). Reported only when records
   carry `token_times`; otherwise the ITL keys are None, never estimated.
 - E2EL: end minus send.
+- Percentiles (and the median): `bench.stats.percentile`, linear interpolation, as vLLM's `np.percentile`.
 - `request_goodput`: completed requests that met every SLO given, per second of `duration_s`
   (vLLM's `--goodput`); with no SLO it is None.
 Times are seconds on one clock (time.monotonic()); the metrics are milliseconds, as vLLM's.
@@ -25,6 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from bench.stats import percentile
 
 PERCENTILES = (50, 95, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -92,10 +95,10 @@ def summary_stats(name: str, values_ms: Sequence[float], percentiles: Iterable[i
     values = np.asarray([v for v in values_ms if v is not None], dtype=float)
     empty = values.size == 0
     out = {f"mean_{name}_ms": None if empty else float(values.mean()),
-           f"median_{name}_ms": None if empty else float(np.median(values)),
+           f"median_{name}_ms": percentile(values, 50),
            f"std_{name}_ms": None if empty else float(values.std())}
     for q in percentiles:
-        out[f"p{q:g}_{name}_ms"] = None if empty else float(np.percentile(values, q))
+        out[f"p{q:g}_{name}_ms"] = percentile(values, q)
     return out
 
 

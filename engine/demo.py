@@ -70,8 +70,12 @@ async def demo(args: argparse.Namespace) -> int:
 def _print_table(rows) -> None:
     print(f"\n{'country':<12}{'correct':>8}{'tokens':>8}{'TTFT stream':>13}{'TTFT one-shot':>15}{'speedup':>9}{'same':>6}")
     for country, correct, tokens, stream, one_shot, same in rows:
-        print(f"{country:<12}{str(correct):>8}{tokens:>8}{stream * 1000:>11.0f}ms{one_shot * 1000:>13.0f}ms"
-              f"{one_shot / stream:>8.1f}x{str(same):>6}")
+        print(f"{country:<12}{_yes(correct):>8}{tokens:>8}{stream * 1000:>11.0f}ms{one_shot * 1000:>13.0f}ms"
+              f"{one_shot / stream:>8.1f}x{_yes(same):>6}")
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
 
 
 def run(args: argparse.Namespace) -> int:

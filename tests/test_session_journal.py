@@ -49,19 +49,25 @@ def test_a_recreated_session_does_not_inherit_the_old_changes(tmp_path):
 
 
 def test_what_idled_past_the_ttl_is_dropped_on_load_and_from_the_file(tmp_path):
-    journal = SessionJournal(tmp_path / "shard.sqlite3")
+    now = [1_000_000.0]  # the journal's clock, moved by the test: no sleep, no race with the TTL
+    journal = SessionJournal(tmp_path / "shard.sqlite3", clock=lambda: now[0])
     journal.created(_record("idle"))
     journal.changed("idle", None, None, {"last_seq": 3}, touches=False)  # a claim is no activity
     journal.created(_record("finished"))
     journal.finished("finished")
     journal.created(_record("dropped"))
     journal.dropped("dropped")
-    time.sleep(1.5)  # past the TTL below, with a second of margin for the one just created
+    journal.created(_record("touched"))
+    now[0] += 10.0
+    journal.changed("touched", (ContextOp.APPEND, "late"), None, {}, touches=True)  # activity restarts it
+    now[0] += 0.5
     journal.created(_record("active"))
-    loaded = journal.load(ttl_s=1.0)
-    assert set(loaded.records) == {"active"} and not loaded.finished_ago_s
-    again = SessionJournal(journal.path).load(ttl_s=60.0)  # gone from the file, not just skipped
-    assert set(again.records) == {"active"} and not again.finished_ago_s
+    now[0] += 0.5
+    loaded = journal.load(ttl_s=5.0)
+    assert set(loaded.records) == {"active", "touched"} and not loaded.finished_ago_s
+    assert loaded.idle_s == {"active": 0.5, "touched": 1.0}
+    again = SessionJournal(journal.path, clock=lambda: now[0]).load(ttl_s=60.0)  # gone from the file
+    assert set(again.records) == {"active", "touched"} and not again.finished_ago_s
 
 
 def test_settings_persist(tmp_path):

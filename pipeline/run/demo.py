@@ -69,7 +69,8 @@ def pick_questions(countries: list[str] | None, count: int | None, grounded_limi
     if countries:
         unknown = [c for c in countries if c.casefold() not in pool]
         if unknown:
-            raise DemoError(f"no grounded question for {unknown}; e.g. {sorted(q.country for q in pool.values())[:10]}")
+            examples = ", ".join(sorted(q.country for q in pool.values())[:10])
+            raise DemoError(f"no grounded question for {', '.join(unknown)}; e.g. {examples}")
         return [pool[c.casefold()] for c in countries][:count]
     # Well-known countries first when the index holds them; then the rest in corpus order.
     preferred = [pool[c.casefold()] for c in DEFAULT_COUNTRIES if c.casefold() in pool]

@@ -44,6 +44,10 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
 def _short(text: str, limit: int = ANSWER_CHARS) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
@@ -54,14 +58,15 @@ def print_answer(number: int, row: dict) -> None:
     print(f"\nQ{number} {row['question']}  [{row['source']}: {json.dumps(row['request_source'])}]", flush=True)
     for mode, result in (("stream", s), ("one-shot", o)):
         status = "" if result["ok"] else f"  FAILED ({result['status']}: {result['error']})"
-        print(f"  {mode:<9}{_short(result['answer'])!r}{status}")
+        print(f"  {mode:<9}\"{_short(result['answer'])}\"{status}")
         print(f"  {'':<9}TTFT {_ms(result['ttft_s'])} (engine {_ms(result['engine_ttft_s'])}), "
-              f"retrieval {result['retrieval_s'] or 0:.2f} s, {result['context_tokens']} context tokens")
+              f"retrieval {result['retrieval_s'] or 0:.2f} s, {_count(result['context_tokens'])} context tokens")
     cites = [f"{c['source_id']}: {c['title']}" for c in row["citations"]]
     more = f" (+{len(cites) - CITATIONS_SHOWN} more)" if len(cites) > CITATIONS_SHOWN else ""
     print(f"  cited    {'; '.join(cites[:CITATIONS_SHOWN])}{more}")
     if any(row["source_errors"].values()):
-        print(f"  note     source errors (pages not fetched): {row['source_errors']}")
+        counts = ", ".join(f"{n} in the {mode} run" for mode, n in row["source_errors"].items() if n)
+        print(f"  note     pages not fetched (source errors): {counts}")
     if not row["country_page_cited"]:
         print(f"  note     the {row['country']} article is not among the sources")
 

@@ -19,6 +19,7 @@ import shutil
 import sqlite3
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,9 +58,12 @@ class Loaded:
 
 
 class SessionJournal:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time):
+        """`clock`: wall-clock seconds, stamped on every write and read by `load` (the file outlives
+        the process, so not a monotonic clock)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self._clock = clock
         self._db = sqlite3.connect(path, isolation_level=None)  # autocommit: one statement, one write
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -82,17 +86,17 @@ class SessionJournal:
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM changes WHERE session_id = ?", (record["session_id"],))
             self._db.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?)",
-                             (record["session_id"], json.dumps(record), time.time()))
+                             (record["session_id"], json.dumps(record), self._clock()))
 
     def changed(self, session_id: str, op, sources: list[dict] | None, fields: dict, touches: bool) -> None:
         self._db.execute("INSERT INTO changes (session_id, body, touches, at) VALUES (?, ?, ?, ?)",
-                         (session_id, json.dumps([op, sources, fields]), int(touches), time.time()))
+                         (session_id, json.dumps([op, sources, fields]), int(touches), self._clock()))
 
     def finished(self, session_id: str) -> None:
         with self._db:
             self._db.execute("BEGIN")
             self._forget(session_id)
-            self._db.execute("INSERT OR REPLACE INTO finished VALUES (?, ?)", (session_id, time.time()))
+            self._db.execute("INSERT OR REPLACE INTO finished VALUES (?, ?)", (session_id, self._clock()))
 
     def dropped(self, session_id: str) -> None:
         with self._db:
@@ -109,7 +113,7 @@ class SessionJournal:
 
     def load(self, ttl_s: float) -> Loaded:
         """Every record with its changes replayed; what idled past `ttl_s` is dropped, not loaded."""
-        now, loaded = time.time(), Loaded()
+        now, loaded = self._clock(), Loaded()
         for session_id, body, at in self._db.execute("SELECT session_id, body, at FROM records"):
             record = json.loads(body)
             record["ops"] = [(ContextOp(kind), text) for kind, text in record["ops"]]
