@@ -137,14 +137,16 @@ class OpenAIErrorBody(BaseModel):
 
 
 _STATUS_MEANING = {
-    400: "Malformed JSON or input the engine refuses (e.g. a bad Last-Event-ID).",
+    400: ("Malformed JSON, input the engine refuses (e.g. a bad Last-Event-ID), or a request that can never "
+          "fit: context plus answer over the model's length (OpenAI code context_length_exceeded)."),
     401: "Missing or wrong bearer token (when the app is configured with tokens).",
     404: "No such session, model or path.",
     409: "The session's state refuses the call (e.g. input after finish, a second finish).",
-    413: "The body, the context or the answer budget exceeds its limit.",
+    413: "The body, the chunks per session or the answer budget exceeds its limit.",
     422: "The body does not match the schema.",
     429: "Admission refused: no replica has room; retry after the Retry-After header's seconds.",
     501: "The source is not available on this deployment.",
+    503: "No engine replica has started yet; retry after the Retry-After header's seconds.",
 }
 BODY_ERRORS = (400, 401, 413, 422)  # what any route with a body can answer before it runs
 

@@ -114,7 +114,7 @@ def _ctx(current, kv, cluster=0.0, queued=0, lo=1, hi=4):
     per = lambda v: {f"r{i}": v for i in range(current)}  # noqa: E731
     return SimpleNamespace(
         current_num_replicas=current, capacity_adjusted_min_replicas=lo, capacity_adjusted_max_replicas=hi,
-        aggregated_metrics={"kv_used_frac": per(kv), "cluster_projected_frac": per(cluster),
+        aggregated_metrics={"kv_used_frac": per(kv), "cluster_load_frac": per(cluster),
                             "cluster_queued": per(queued)})
 
 

@@ -138,4 +138,4 @@ def test_openai_routes_answer_with_openai_error_objects(base):
     r = post(base, "/v1/chat/completions", {"model": "stream2llm", "messages": "not a list"})
     assert r.status_code == 422 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     r = post(base, "/v1/completions", {"model": "stream2llm", "prompt": "Hi", "max_tokens": 100000})
-    assert r.status_code == 413 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"

@@ -14,11 +14,9 @@ import time
 import uuid
 
 from pipeline.replica.answers import AnswerEnd
-from pipeline.errors import AdmissionRejected, ModelNotFound, openai_error
+from pipeline.errors import ModelNotFound, openai_error
 from pipeline.ingress.http_util import ClosingStreamingResponse
 from pipeline.schemas import ChatCompletionRequest, CompletionRequest
-
-CHARS_PER_TOKEN = 3  # admission estimate of a prompt's tokens (the ingress has no tokenizer)
 
 
 def models(config) -> dict:
@@ -51,12 +49,8 @@ async def chat_completions(ing, body: ChatCompletionRequest):
 
 async def _admit(ing, prompt: str | dict, max_tokens: int) -> tuple[str, str]:
     request_id = uuid.uuid4().hex
-    chars = len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt["messages"])
-    decision = await ing.client.central.admit_request(
-        request_id, chars // CHARS_PER_TOKEN + max_tokens, ing.config.limits.admission_timeout_s)
-    if "rejected" in decision:
-        raise AdmissionRejected(decision["rejected"], decision["retry_after_s"])
-    return request_id, decision["replica_id"]
+    text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt["messages"])
+    return request_id, await ing.client.admit_request(request_id, text, max_tokens)
 
 
 async def _respond(ing, body, prompt: str | dict, max_tokens: int, kind: str, choice):
