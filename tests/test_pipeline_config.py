@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from engine.config import EngineConfig
 from pipeline.control.autoscale import KVPressurePolicy, autoscaling_config
 from pipeline.config import AppConfig, load_config
-from pipeline.errors import LimitExceeded
+from pipeline.errors import LimitExceeded, NeverFits
 
 
 def test_defaults_are_local_cpu_smollm2_and_the_engine_config_is_embedded():
@@ -90,6 +90,9 @@ def test_one_context_ceiling_and_one_answer_budget_from_the_engine():
     config.check_answer_length(256)
     with pytest.raises(LimitExceeded, match="answer budget of 256"):
         config.check_answer_length(257)
+    with pytest.raises(NeverFits, match="model's length of 4096") as e:  # no context could make it fit
+        config.check_answer_length(4096)
+    assert e.value.status == 400
 
 
 def test_load_config_file_and_dotted_overrides(tmp_path):

@@ -49,8 +49,15 @@ async def chat_completions(ing, body: ChatCompletionRequest):
 
 async def _admit(ing, prompt: str | dict, max_tokens: int) -> tuple[str, str]:
     request_id = uuid.uuid4().hex
-    text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt["messages"])
+    text = prompt if isinstance(prompt, str) else "\n".join(_content_text(m["content"]) for m in prompt["messages"])
     return request_id, await ing.client.admit_request(request_id, text, max_tokens)
+
+
+def _content_text(content) -> str:
+    """A message's text: a string, or OpenAI's list of parts."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
 async def _respond(ing, body, prompt: str | dict, max_tokens: int, kind: str, choice):
