@@ -179,6 +179,11 @@ class AdmissionController(SlotGrants):
         r = self._index.replicas.get(replica_id)
         return len(r.placements) if r is not None else 0
 
+    def any_live(self, now: float) -> bool:
+        """Whether some replica reported recently (O(1)); none: they are starting, or all lost."""
+        self._expire(now)
+        return self._index.totals.replicas > 0
+
     def live_replicas(self, now: float) -> list[str]:
         self._expire(now)
         return self._index.live_ids()

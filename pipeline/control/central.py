@@ -110,7 +110,7 @@ class CentralScheduler:
         replica_id = self._ctl.try_admit(session_id, source_type, now, exclude_t, **ask)
         if replica_id is not None:
             return {"replica_id": replica_id}
-        ready = bool(self._ctl.live_replicas(now))  # else replicas are starting: "unavailable", no rejection
+        ready = self._ctl.any_live(now)  # else replicas are starting: "unavailable", no rejection
         if not self._ctl.enqueue(session_id, source_type, now, exclude_t, count_rejection=ready, **ask):
             return self._rejection("admission queue full")
         future = self._waiters[session_id] = asyncio.get_running_loop().create_future()
@@ -167,7 +167,7 @@ class CentralScheduler:
         return list(self._closed)
 
     def _rejection(self, reason: str) -> dict:
-        if not self._ctl.live_replicas(time.monotonic()):  # starting (or all lost): not the load's fault
+        if not self._ctl.any_live(time.monotonic()):  # starting (or all lost): not the load's fault
             return {"unavailable": "no engine replica is ready yet", "retry_after_s": self._ctl.retry_after_s(5.0)}
         return {"rejected": reason, "retry_after_s": self._ctl.retry_after_s()}
 
