@@ -4,7 +4,8 @@ use when admission first refuses.
     python -m bench.admission_accuracy            # 1 then 2 replicas of the tiny model
     python -m bench.admission_accuracy --quick    # shorter load phase
 
-For each replica count the app runs on loopback (tiny model, `--kv-mib` of KV per replica). A
+For each replica count the app runs on loopback (tiny model, `--kv-mib` of KV per replica, the
+default scheduler settings: priors, P90 growth, overcommit 2). A
 mixed load (client streaming sessions: chunks then a question; /v1/rag over the local crawler site
 and over the vector index; OpenAI completions) runs for `--load-s` seconds while /v1/cluster is
 sampled every second: per replica |projected - real| / capacity, in KV blocks (the projection is
@@ -32,6 +33,7 @@ import httpx
 from bench.results_meta import engine_dtype, start_run, write_results
 from pipeline.config import AppConfig
 from pipeline.run.local import local_app
+from stream2llm.paths import cache_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {"projection_abs_error_p50": 0.10, "projection_abs_error_p95": 0.20, "real_kv_frac_at_first_429": 0.80}
@@ -39,19 +41,30 @@ WORKERS = {"client": 3, "crawler": 1, "vector": 1, "openai": 2}
 RAMP_MAX = 400
 
 
+def vector_index() -> str | None:
+    """The vector index in the cache (`stream2llm index` builds one), if any: else vector is a 501."""
+    found = sorted(p.parent for p in cache_path("index").glob("*/index.faiss"))
+    return str(found[0]) if found else None
+
+
 def app_config(replicas: int, kv_mib: int) -> AppConfig:
     return AppConfig.model_validate({
-        "model": {"model": "tiny", "max_model_len": 2048, "kv_cache_memory_bytes": kv_mib << 20,
+        "model": {"model": "tiny", "max_model_len": 8192, "kv_cache_memory_bytes": kv_mib << 20,
                   "answer_budget_tokens": 256},
+        "retrievers": {"vector_index": vector_index()},
         "replicas": {"min_replicas": replicas, "max_replicas": replicas, "num_cpus": 1.0 if replicas == 1 else 0.5,
                      "report_interval_s": 0.5},
         "limits": {"admission_timeout_s": 3.0, "session_ttl_s": 600.0, "max_chunks_per_session": 16},
     })
 
 
+VOCAB = ("the city river capital country people north south history music water market language island "
+         "mountain").split()  # one token each for the tiny tokenizer
+
+
 def words(tag: str, n: int) -> str:
-    """About `n` tokens of the tiny tokenizer, different per tag (no shared prefix to cache)."""
-    return " ".join(f"{tag}x{i % 89}" for i in range(n // 2))
+    """About `n` tokens of the tiny tokenizer; the tag first, so sessions share no cached prefix."""
+    return f"{tag} " + " ".join(VOCAB[(i * 7) % len(VOCAB)] for i in range(n))
 
 
 def client_session(c: httpx.Client, i: int) -> int:
