@@ -77,6 +77,10 @@ def _plugin_contended_worst_at_500(data: dict) -> float:
     return max(per["500"] for per in data["plugin_contended_us_per_step"].values())
 
 
+def _admission_n(data: dict) -> str:
+    return " and ".join(f"{run['replicas']} replica{'s' if run['replicas'] > 1 else ''}" for run in data["runs"])
+
+
 def _engine_load_n(data: dict) -> str:
     return f"{data['sessions']} sessions x {len(data[META_KEY]['seeds'])} seeds x {len(data['qps'])} QPS"
 
@@ -132,6 +136,12 @@ CLAIMS: tuple[Claim, ...] = (
           lambda d: f"{d['sessions']} sessions"),
     Claim("Ray's autoscaler (fake_multinode): sessions lost through scale-up and scale-down", "cluster_launch.json",
           at("lost"), Target("==", 0), lambda d: f"{d['sessions']} sessions"),
+    Claim("admission: projected vs real KV per replica, error P50 (fraction of capacity)", "admission_accuracy.json",
+          at("projection_abs_error_p50"), Target("<=", at("targets", "projection_abs_error_p50")), _admission_n),
+    Claim("admission: projected vs real KV per replica, error P95 (fraction of capacity)", "admission_accuracy.json",
+          at("projection_abs_error_p95"), Target("<=", at("targets", "projection_abs_error_p95")), _admission_n),
+    Claim("admission: real KV use at the first 429", "admission_accuracy.json",
+          at("real_kv_frac_at_first_429"), Target(">=", at("targets", "real_kv_frac_at_first_429")), _admission_n),
     Claim("central scheduler: admissions/s, saturating", "central.json",
           at("saturated", "admits_per_s"), Target(">=", at("targets", "admits_per_s")),
           lambda d: f"median of {d['saturated']['repeats']} runs"),

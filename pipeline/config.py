@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.config import EngineConfig
-from pipeline.errors import LimitExceeded
+from pipeline.errors import LimitExceeded, NeverFits
 from pipeline.placement import ReplicaPlacement, replica_placement
 
 
@@ -97,7 +97,9 @@ class LimitSettings(_Section):
         "by model.answer_budget_tokens, checked at the door."))
     session_ttl_s: float = Field(120.0, gt=0, description="Idle session lifetime before abort.")
     max_queue: int = Field(16, ge=0, description="Sessions waiting for admission at most.")
-    admission_timeout_s: float = Field(5.0, ge=0, description="Wait in the queue before 429.")
+    admission_timeout_s: float = Field(5.0, ge=0, description=(
+        "Deadline of an admission: how long a request waits in the queue for a replica with room (429 "
+        "after it), or for a replica to start (503 after it)."))
     resume_grace_s: float = Field(5.0, ge=0, description=(
         "An answer nobody reads (the client left, or its ingress died) keeps generating this long for a "
         "reconnect with Last-Event-ID, then it is cancelled and its KV freed."))
@@ -106,8 +108,17 @@ class LimitSettings(_Section):
 class SchedulerSettings(_Section):
     demand_priors: dict[str, int] = Field(
         default_factory=lambda: {"client": 2048, "crawler": 4096, "vector": 2048, "trace": 4096},
-        description="Expected context tokens per source type before any session has finished.",
+        description=("Projected context tokens of a session of each source type until 3 sessions of that "
+                     "type have finished; then a high percentile of the sizes they reached (growth_percentile)."),
     )
+    growth_percentile: float = Field(0.9, gt=0, le=1, description=(
+        "Percentile of the context sizes finished sessions of a source type reached (the last 256) that "
+        "projects how far an open session of that type will grow."))
+    overcommit: float = Field(2.0, ge=1, description=(
+        "Projected KV (blocks used plus projected growth) admission allows, as a multiple of a replica's "
+        "KV capacity: the engine parks idle streams and evicts them under pressure (recomputed when they "
+        "resume), so sessions that are not all growing at once need not all fit. The blocks really used, "
+        "and the context already accepted, must fit the capacity whatever this says. 1: no overcommit."))
     stale_after_s: float = Field(5.0, gt=0, description="A replica silent this long is not routed to.")
     reserve_frac: float = Field(0.05, ge=0, lt=1, description="KV kept free on every replica.")
     actor_name: str = Field("stream2llm_scheduler", description="Name of the central actor.")
@@ -169,6 +180,9 @@ class AppConfig(_Section):
         """The door's check of a request's max_tokens against the engine's answer budget, so that a
         too long answer is refused before retrieval rather than at the question."""
         budget = self.model.answer_budget_tokens
+        if max_tokens >= self.model.max_model_len:  # no context at all would leave it room
+            raise NeverFits(f"max_tokens {max_tokens} leaves no room for any context in the model's length of "
+                            f"{self.model.max_model_len} tokens")
         if max_tokens > budget:
             raise LimitExceeded(f"max_tokens {max_tokens} exceeds the answer budget of {budget} tokens "
                                 "(model.answer_budget_tokens)")

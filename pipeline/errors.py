@@ -29,11 +29,29 @@ class AdmissionRejected(PipelineError):
         self.retry_after_s = retry_after_s
 
 
+class ReplicaNotReady(PipelineError):
+    """No engine replica could serve within the request's deadline because none has started yet:
+    503 with Retry-After (the load is not the cause; ask again once they are up)."""
+
+    status = 503
+
+    def __init__(self, reason: str, retry_after_s: int):
+        super().__init__(reason, retry_after_s=retry_after_s)
+        self.retry_after_s = retry_after_s
+
+
 class LimitExceeded(PipelineError):
     status = 413
 
 
-class ContextLimitExceeded(LimitExceeded):
+class NeverFits(PipelineError):
+    """The request's context plus its answer exceed what the model (or every replica's KV) holds:
+    400 at once, since waiting or retrying cannot help (OpenAI's `context_length_exceeded`)."""
+
+    status = 400
+
+
+class ContextLimitExceeded(NeverFits):
     """Picklable stand-in for the engine's `ContextTooLongError` across Ray (its __init__ takes 3
     arguments, so Ray cannot rebuild it on the caller side)."""
 
@@ -72,10 +90,6 @@ class BadRequest(PipelineError):
     status = 400
 
 
-class ContextLengthExceeded(BadRequest):
-    """An OpenAI request that cannot fit the model's context length, whatever the load: 400."""
-
-
 class SourceUnavailable(PipelineError):
     status = 501
 
@@ -83,9 +97,20 @@ class SourceUnavailable(PipelineError):
 _ENGINE_STATUS = {
     SessionNotFoundError: 404,
     SessionStateError: 409,
-    ContextTooLongError: 413,
+    ContextTooLongError: 400,
     InvalidInputError: 400,
 }
+
+
+def admission_error(decision: dict) -> PipelineError | None:
+    """The error of a central scheduler's admission decision that placed nothing (None if placed)."""
+    if "never_fits" in decision:
+        return NeverFits(decision["never_fits"])
+    if "unavailable" in decision:
+        return ReplicaNotReady(decision["unavailable"], decision["retry_after_s"])
+    if "rejected" in decision:
+        return AdmissionRejected(decision["rejected"], decision["retry_after_s"])
+    return None
 
 
 def unwrap(error: BaseException) -> BaseException:
@@ -121,7 +146,8 @@ def error_body(error: BaseException) -> dict:
 OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
 _OPENAI_TYPE = {401: "authentication_error", 429: "rate_limit_error"}
 _OPENAI_CODE = {ModelNotFound: "model_not_found", AdmissionRejected: "rate_limit_exceeded",
-                LimitExceeded: "context_length_exceeded", ContextLengthExceeded: "context_length_exceeded"}
+                LimitExceeded: "context_length_exceeded", NeverFits: "context_length_exceeded",
+                ContextTooLongError: "context_length_exceeded"}
 
 
 def is_openai_path(path: str) -> bool:

@@ -107,9 +107,9 @@ class CompletionRequest(_OpenAIRequest):
     def answer_tokens(self) -> int | None:
         return self.max_tokens
 
-    def prompt_chars(self, chars_per_token: int) -> int:
-        """Size of the prompt in characters (token ids count `chars_per_token` each)."""
-        return _chars(self.prompt, chars_per_token)
+    def prompt_parts(self) -> tuple[str, int]:
+        """The prompt's text (its texts joined) and how many token ids it gives as ids."""
+        return _parts(self.prompt)
 
 
 class ChatCompletionRequest(_OpenAIRequest):
@@ -123,21 +123,23 @@ class ChatCompletionRequest(_OpenAIRequest):
     def answer_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    def prompt_chars(self, chars_per_token: int) -> int:
-        return sum(_chars(m.get("content"), chars_per_token) for m in self.messages)
+    def prompt_parts(self) -> tuple[str, int]:
+        """The messages' text (a string content, or the text of its parts) and their token ids (none)."""
+        return _parts([m.get("content") for m in self.messages])
 
 
-def _chars(content, chars_per_token: int) -> int:
-    """Characters of a prompt or message content: text, text parts, token ids, or lists of those."""
+def _parts(content) -> tuple[str, int]:
+    """Text and token-id count of a prompt or message content: text, text parts, token ids, or lists of those."""
     if isinstance(content, str):
-        return len(content)
+        return content, 0
     if isinstance(content, int):
-        return chars_per_token
+        return "", 1
     if isinstance(content, dict):
-        return _chars(content.get("text"), chars_per_token)
+        return _parts(content.get("text"))
     if isinstance(content, list):
-        return sum(_chars(c, chars_per_token) for c in content)
-    return 0
+        parts = [_parts(c) for c in content]
+        return "\n".join(text for text, _ in parts if text), sum(ids for _, ids in parts)
+    return "", 0
 
 
 # ---- documented responses (OpenAPI): the error shapes of pipeline.ingress.http_util -------------------
@@ -163,14 +165,16 @@ class OpenAIErrorBody(BaseModel):
 
 
 _STATUS_MEANING = {
-    400: "Malformed JSON or input the engine refuses (e.g. a bad Last-Event-ID).",
+    400: ("Malformed JSON, input the engine refuses (e.g. a bad Last-Event-ID), or a request that can never "
+          "fit: context plus answer over the model's length (OpenAI code context_length_exceeded)."),
     401: "Missing or wrong bearer token (when the app is configured with tokens).",
     404: "No such session, model or path.",
     409: "The session's state refuses the call (e.g. input after finish, a second finish).",
-    413: "The body, the context or the answer budget exceeds its limit.",
+    413: "The body, the chunks per session or the answer budget exceeds its limit.",
     422: "The body does not match the schema.",
     429: "Admission refused: no replica has room; retry after the Retry-After header's seconds.",
     501: "The source is not available on this deployment.",
+    503: "No engine replica has started yet; retry after the Retry-After header's seconds.",
 }
 BODY_ERRORS = (400, 401, 413, 422)  # what any route with a body can answer before it runs
 

@@ -1,13 +1,18 @@
 """Central memory-contention scheduler: the pure logic (no Ray, no vLLM).
 
-Replicas report their KV blocks and open sessions at a steady interval. A new session is placed on
-the replica with the most *projected* KV headroom: blocks used now, plus what every session placed
-there is still expected to grow by (expected demand per source type, learned from finished
-sessions), and never less than the sum of those sessions' expected sizes (context a replica has
-accepted may not be in its KV yet). Later chunks of a session follow its placement (affinity). When no replica can take the
-expected demand, the session waits in a bounded FIFO queue (sessions recovering from a lost replica
-wait in their own queue, served first); the caller rejects it (HTTP 429) when the queue is full or
-the wait times out. Everything is rebuilt from reports after a restart.
+Replicas report at a steady interval what their engines really hold: KV blocks used, running
+sequences against `max_num_seqs`, requests waiting, and each open session's context tokens. A new
+session is placed on the replica with the most room (`scheduler.replica_index`): the projected
+budget (blocks used now plus what every session there is still projected to grow by, a high
+percentile of what sessions of its source type reached: `scheduler.demand`) may exceed the real
+capacity by the `overcommit` factor, since the engine parks idle streams and evicts them under
+pressure (they are recomputed when they resume), while the blocks really used and the context
+accepted must fit the capacity, and a saturated engine takes nothing. Later chunks of a session
+follow its placement (affinity). When no replica has room, the session waits in a bounded FIFO
+queue (sessions recovering from a lost replica wait in their own queue, served first); the caller
+refuses it (HTTP 429) when the queue is full or it could not start within its deadline. A request
+whose known size exceeds every replica's KV can never be placed (`fits_anywhere`).
+Everything is rebuilt from reports after a restart.
 
 Cost: admit, release and a one-session change are O(log R); a replica's report costs O(its own
 sessions); nothing scans all sessions or all replicas (`scheduler.replica_index`). Placements that
@@ -41,9 +46,11 @@ class AdmissionController(SlotGrants):
     """Routing by projected KV headroom, session affinity and bounded admission queues."""
 
     def __init__(self, demand: DemandModel, max_queue: int = 16, stale_after_s: float = 10.0,
-                 reserve_frac: float = 0.0, grace_s: float = 10.0, max_sessions: int = 1_000_000):
+                 reserve_frac: float = 0.0, grace_s: float = 10.0, max_sessions: int = 1_000_000,
+                 overcommit: float = 1.0):
         self.demand = demand
-        self._index = ReplicaIndex(stale_after_s, reserve_frac)
+        self._index = ReplicaIndex(stale_after_s, reserve_frac, overcommit)
+        self._largest = 0                  # the most tokens any replica's KV ever held
         self._placements: dict[str, Placement] = {}
         self._queue = AdmissionQueues(max_queue)
         self._dead: dict[str, float] = {}  # replica -> until when its (late) reports are ignored
@@ -54,12 +61,15 @@ class AdmissionController(SlotGrants):
 
     def configure(self, *, max_queue: int | None = None, stale_after_s: float | None = None,
                   reserve_frac: float | None = None, grace_s: float | None = None,
-                  max_sessions: int | None = None, priors: dict[str, int] | None = None) -> None:
+                  max_sessions: int | None = None, priors: dict[str, int] | None = None,
+                  overcommit: float | None = None, growth_percentile: float | None = None) -> None:
         """Change settings in place (a redeploy); placements and learned demand are kept."""
         if max_queue is not None and max_queue < 0:
             raise ValueError("max_queue must be >= 0")
         if max_sessions is not None and max_sessions <= 0:
             raise ValueError("max_sessions must be > 0")
+        if overcommit is not None and overcommit < 1.0:
+            raise ValueError("overcommit must be >= 1")
         if max_queue is not None:
             self._queue.max_queue = max_queue
         self.grace_s = self.grace_s if grace_s is None else grace_s
@@ -68,11 +78,14 @@ class AdmissionController(SlotGrants):
             self._index.stale_after_s = stale_after_s
         # a replica silent this long died unnoticed: its placements go (a late report re-adopts them)
         self._index.forget_after_s = 2 * (self._index.stale_after_s + self.grace_s)
-        if reserve_frac is not None and reserve_frac != self._index.reserve_frac:
-            self._index.reserve_frac = reserve_frac
-            self._index.rebuild()
+        reserve = self._index.reserve_frac if reserve_frac is None else reserve_frac
+        over = self._index.overcommit if overcommit is None else overcommit
+        if (reserve, over) != (self._index.reserve_frac, self._index.overcommit):
+            self._index.set_limits(reserve, over)
         if priors:
             self.demand.set_priors(priors)
+        if growth_percentile is not None:
+            self.demand.set_percentile(growth_percentile)
 
     @property
     def max_queue(self) -> int:
@@ -81,6 +94,10 @@ class AdmissionController(SlotGrants):
     @property
     def stale_after_s(self) -> float:
         return self._index.stale_after_s
+
+    @property
+    def overcommit(self) -> float:
+        return self._index.overcommit
 
     # ---- replica reports -------------------------------------------------------------------
     def report(self, report: ReplicaReport, now: float) -> None:
@@ -93,12 +110,16 @@ class AdmissionController(SlotGrants):
             r = self._index.replicas[rid] = ReplicaState(rid, report, now)
         self._index.begin(r)
         r.report = report
+        self._largest = max(self._largest, report.kv_blocks_total * report.block_size)
         for sid, tokens in report.sessions.items():
             p = self._placements.get(sid) or self._adopt(r, sid, now)
             if p is None or p.replica_id != rid:
                 continue  # placed elsewhere (a recovery moved it): its new replica wins
             r.take(p)
             p.current_blocks, p.seen_at = blocks_for(tokens, report.block_size), now
+            if not p.sized:  # projected from its size now and what its type has learned since
+                p.reserved_blocks = blocks_for(self.demand.expected_tokens(p.source_type, tokens),
+                                               report.block_size)
             r.put(p)
         for sid, p in list(r.placements.items()):
             if sid not in report.sessions and self._expired(p, now):
@@ -158,6 +179,11 @@ class AdmissionController(SlotGrants):
         r = self._index.replicas.get(replica_id)
         return len(r.placements) if r is not None else 0
 
+    def any_live(self, now: float) -> bool:
+        """Whether some replica reported recently (O(1)); none: they are starting, or all lost."""
+        self._expire(now)
+        return self._index.totals.replicas > 0
+
     def live_replicas(self, now: float) -> list[str]:
         self._expire(now)
         return self._index.live_ids()
@@ -168,18 +194,23 @@ class AdmissionController(SlotGrants):
         return self._index.replicas[replica_id].projected
 
     def headroom(self, replica_id: str) -> int:
-        return self._index.replicas[replica_id].headroom(self._index.reserve_frac)
+        return self._index.room(self._index.replicas[replica_id])
+
+    def fits_anywhere(self, tokens: int) -> bool:
+        """False when `tokens` exceed the KV of every replica that ever reported (never placeable);
+        True while none has reported (nothing is known yet)."""
+        return not self._largest or tokens <= self._largest
 
     def choose_replica(self, source_type: str, now: float, exclude: tuple[str, ...] = (),
                        tokens: int | None = None) -> str | None:
-        """The live replica with the most projected headroom, if the expected demand fits there."""
+        """The live replica with the most room, if the new session's projected size fits there."""
         self._expire(now)
         r = self._index.roomiest(now, exclude)
         if r is None:
             return None
         need = blocks_for(self.demand.expected_tokens(source_type) if tokens is None else tokens,
                           r.report.block_size)
-        return r.replica_id if r.headroom(self._index.reserve_frac) >= need else None
+        return r.replica_id if self._index.room(r) >= need else None
 
     # ---- sessions ----------------------------------------------------------------------------
     def try_admit(self, session_id: str, source_type: str, now: float, exclude: tuple[str, ...] = (),
@@ -204,7 +235,8 @@ class AdmissionController(SlotGrants):
         self._queue.remove(ask.session_id)
         tokens = self.demand.expected_tokens(ask.source_type) if ask.tokens is None else ask.tokens
         lease_until = None if ask.lease_s is None else now + ask.lease_s
-        self._place(Placement(ask.session_id, replica_id, ask.source_type, 0, now, lease_until), tokens)
+        self._place(Placement(ask.session_id, replica_id, ask.source_type, 0, now, lease_until,
+                              sized=ask.tokens is not None), tokens)
         return replica_id
 
     def _place(self, p: Placement, tokens: int) -> None:
@@ -217,10 +249,10 @@ class AdmissionController(SlotGrants):
         self._index.commit(r)
 
     def enqueue(self, session_id: str, source_type: str, now: float, exclude: tuple[str, ...] = (),
-                **ask) -> bool:
-        """Join the wait queue; False (and counted as rejected) when it is full."""
+                count_rejection: bool = True, **ask) -> bool:
+        """Join the wait queue; False (and counted as rejected, unless told not to) when it is full."""
         if not self._queue.add(Ask(session_id, source_type, tuple(exclude), **ask)):
-            self.rejected += 1
+            self.rejected += count_rejection
             return False
         return True
 
@@ -251,7 +283,7 @@ class AdmissionController(SlotGrants):
             raise UnknownSessionError(f"no placement for session {session_id!r}") from None
 
     def release(self, session_id: str, context_tokens: int | None = None) -> None:
-        """The session ended; a finished one teaches the demand model its real size."""
+        """The session ended; a finished one teaches the demand model the size it reached."""
         p = self._placements.pop(session_id, None)
         if p is None:
             return
@@ -272,7 +304,9 @@ class AdmissionController(SlotGrants):
         t = self._index.totals
         return ClusterPressure(replicas=t.replicas, kv_blocks_total=t.kv_blocks_total,
                                kv_blocks_used=t.kv_blocks_used, kv_blocks_projected=t.kv_blocks_projected,
-                               sessions=t.sessions, queued=self.queued(), rejected=self.rejected)
+                               sessions=t.sessions, queued=self.queued(), rejected=self.rejected,
+                               kv_blocks_budget=t.kv_blocks_budget, running=t.running,
+                               max_num_seqs=t.max_num_seqs, waiting=t.waiting)
 
     def reports(self) -> dict[str, ReplicaReport]:
         return {rid: r.report for rid, r in self._index.replicas.items()}

@@ -32,7 +32,7 @@ class SlotGrants:
         self._expire(now)
         while len(granted) < count and not self.queued() and len(self._placements) < self.max_sessions:
             r = self._index.roomiest(now, ())
-            if r is None or r.headroom(self._index.reserve_frac) < (2 + r.slots) * blocks_for(tokens, r.report.block_size):
+            if r is None or self._index.room(r) < (2 + r.slots) * blocks_for(tokens, r.report.block_size):
                 break
             self._slot_seq += 1
             slot_id = f"slot:{holder}:{self._slot_seq}"

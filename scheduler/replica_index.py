@@ -1,9 +1,12 @@
 """Per-replica KV accounting kept incrementally, and a heap that finds the roomiest replica.
 
-The central scheduler must not scan sessions or replicas on a hot path. Each replica keeps the sum
-of what its placed sessions are still expected to grow by; cluster totals (blocks, projected use,
-sessions) are kept as running sums over live replicas. The roomiest replica comes from a lazy max
-heap keyed by projected headroom: every change pushes a new entry with a new version, stale entries
+A replica's room for a new session is the least of two: the projected budget's room (its
+capacity times the overcommit factor, less the blocks used now plus what its sessions are still
+projected to grow by) and the real room (its capacity less the blocks really used, or held by
+context it accepted, whichever is more). None while its engine is saturated (a whole batch waits).
+The central scheduler must not scan sessions or replicas on a hot path: each replica keeps its
+sums; cluster totals are kept as running sums over live replicas. The roomiest replica comes from
+a lazy max heap keyed by room: every change pushes a new entry with a new version, stale entries
 are skipped when they surface, and the heap is rebuilt when stale entries outnumber live ones.
 """
 
@@ -12,6 +15,8 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+from scheduler.pressure import ClusterPressure  # noqa: F401 (re-exported)
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -33,6 +38,14 @@ class ReplicaReport:
     source_types: dict[str, str] = field(default_factory=dict)
     node_id: str = ""
     preemptions: int = 0
+    max_num_seqs: int = 0             # the engine's sequence slots (0: not reported)
+    running: int = 0                  # sequences the engine runs now
+    waiting: int = 0                  # requests waiting in the engine's queue
+
+    @property
+    def saturated(self) -> bool:
+        """A whole batch already waits in the engine: new work would not start soon."""
+        return self.max_num_seqs > 0 and self.waiting >= self.max_num_seqs
 
     def __post_init__(self):
         if self.kv_blocks_total <= 0 or self.block_size <= 0:
@@ -51,10 +64,16 @@ class Placement:
     lease_until: float | None = None  # one-shot requests: dropped after this, reports or not
     current_blocks: int = 0           # as the replica last reported
     slot: bool = False                # an admission slot nobody took yet (scheduler.admission_slots)
+    sized: bool = False               # its size was given (one-shot requests), not projected
 
     @property
     def growth(self) -> int:
         return max(0, self.reserved_blocks - self.current_blocks)
+
+    @property
+    def committed(self) -> int:
+        """Blocks it holds or surely will: its reported context, or its whole known size."""
+        return max(self.current_blocks, self.reserved_blocks) if self.sized else self.current_blocks
 
 
 @dataclass
@@ -65,6 +84,7 @@ class ReplicaState:
     placements: dict[str, Placement] = field(default_factory=dict)
     growth: int = 0                   # sum of the placements' growth
     footprint: int = 0                # sum of the placements' max(reserved, current) blocks
+    held: int = 0                     # sum of the placements' committed blocks
     draining: bool = False
     version: int = 0
     slots: int = 0                    # admission slots placed here and not yet taken
@@ -78,35 +98,29 @@ class ReplicaState:
     def take(self, p: Placement) -> None:
         self.growth -= p.growth
         self.footprint -= max(p.reserved_blocks, p.current_blocks)
+        self.held -= p.committed
 
     def put(self, p: Placement) -> None:
         self.growth += p.growth
         self.footprint += max(p.reserved_blocks, p.current_blocks)
+        self.held += p.committed
 
-    def headroom(self, reserve_frac: float) -> int:
+    def capacity(self, reserve_frac: float) -> int:
         total = self.report.kv_blocks_total
-        return total - int(total * reserve_frac) - self.projected
+        return total - int(total * reserve_frac)
 
+    def budget(self, reserve_frac: float, overcommit: float) -> int:
+        """Projected blocks admission allows: the capacity times the overcommit factor."""
+        return int(self.capacity(reserve_frac) * overcommit)
 
-@dataclass(frozen=True)
-class ClusterPressure:
-    """Cluster-wide KV pressure, the input of autoscaling."""
-
-    replicas: int
-    kv_blocks_total: int
-    kv_blocks_used: int
-    kv_blocks_projected: int
-    sessions: int
-    queued: int
-    rejected: int
-
-    @property
-    def used_frac(self) -> float:
-        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
-
-    @property
-    def projected_frac(self) -> float:
-        return self.kv_blocks_projected / self.kv_blocks_total if self.kv_blocks_total else 0.0
+    def headroom(self, reserve_frac: float, overcommit: float = 1.0) -> int:
+        """Blocks a new session may still take: the least of the projected budget's room and the
+        real room (blocks used, or held by accepted context, whichever is more); -1 while the
+        engine is saturated."""
+        if self.report.saturated:
+            return -1
+        real = self.capacity(reserve_frac) - max(self.report.kv_blocks_used, self.held)
+        return min(self.budget(reserve_frac, overcommit) - self.projected, real)
 
 
 @dataclass
@@ -117,22 +131,31 @@ class Totals:
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0
     kv_blocks_projected: int = 0
+    kv_blocks_budget: int = 0
     sessions: int = 0
+    running: int = 0
+    max_num_seqs: int = 0
+    waiting: int = 0
 
-    def add(self, r: ReplicaState, sign: int) -> None:
+    def add(self, r: ReplicaState, sign: int, budget: int) -> None:
         self.replicas += sign
         self.kv_blocks_total += sign * r.report.kv_blocks_total
         self.kv_blocks_used += sign * r.report.kv_blocks_used
         self.kv_blocks_projected += sign * r.projected
+        self.kv_blocks_budget += sign * budget
         self.sessions += sign * (len(r.placements) - r.slots)  # untaken admission slots are no sessions
+        self.running += sign * r.report.running
+        self.max_num_seqs += sign * r.report.max_num_seqs
+        self.waiting += sign * r.report.waiting
 
 
 class ReplicaIndex:
     """Replicas by id, liveness by report time, the totals and the headroom heap."""
 
-    def __init__(self, stale_after_s: float, reserve_frac: float):
+    def __init__(self, stale_after_s: float, reserve_frac: float, overcommit: float = 1.0):
         self.stale_after_s = stale_after_s
         self.reserve_frac = reserve_frac
+        self.overcommit = overcommit
         self.replicas: dict[str, ReplicaState] = {}
         self.totals = Totals()
         self.forget_after_s = 60.0
@@ -150,7 +173,7 @@ class ReplicaIndex:
                 break
             del self._live[rid]
             self._silent[rid] = at
-            self.totals.add(self.replicas[rid], -1)
+            self._count(self.replicas[rid], -1)
         gone = []
         while self._silent:
             rid, at = next(iter(self._silent.items()))
@@ -170,7 +193,7 @@ class ReplicaIndex:
     def begin(self, r: ReplicaState) -> None:
         """Call before changing `r`: takes its share out of the totals."""
         if r.replica_id in self._live:
-            self.totals.add(r, -1)
+            self._count(r, -1)
 
     def commit(self, r: ReplicaState, now: float | None = None) -> None:
         """Call after changing `r`; `now` marks a fresh report (the replica is live again)."""
@@ -180,7 +203,7 @@ class ReplicaIndex:
             self._silent.pop(r.replica_id, None)
             self._live[r.replica_id] = now
         if r.replica_id in self._live:
-            self.totals.add(r, +1)
+            self._count(r, +1)
         r.version += 1
         if not r.draining:
             self._push(r)
@@ -189,23 +212,40 @@ class ReplicaIndex:
         r = self.replicas.pop(replica_id, None)
         self._silent.pop(replica_id, None)
         if r is not None and self._live.pop(replica_id, None) is not None:
-            self.totals.add(r, -1)
+            self._count(r, -1)
         return r
 
+    def _count(self, r: ReplicaState, sign: int) -> None:
+        self.totals.add(r, sign, r.budget(self.reserve_frac, self.overcommit))
+
+    def room(self, r: ReplicaState) -> int:
+        """Blocks a new session may still take on `r` (`ReplicaState.headroom`)."""
+        return r.headroom(self.reserve_frac, self.overcommit)
+
+    def set_limits(self, reserve_frac: float, overcommit: float) -> None:
+        """New reserve or overcommit (a redeploy): totals and heap follow."""
+        live = [self.replicas[rid] for rid in self._live]
+        for r in live:
+            self._count(r, -1)
+        self.reserve_frac, self.overcommit = reserve_frac, overcommit
+        for r in live:
+            self._count(r, +1)
+        self.rebuild()
+
     def _push(self, r: ReplicaState) -> None:
-        key = -r.headroom(self.reserve_frac) * r.report.block_size  # headroom in tokens
+        key = -self.room(r) * r.report.block_size  # headroom in tokens
         heapq.heappush(self._heap, (key, r.version, r.replica_id))
         if len(self._heap) > 4 * len(self.replicas) + 64:
             self.rebuild()
 
     def rebuild(self) -> None:
-        self._heap = [(-r.headroom(self.reserve_frac) * r.report.block_size, r.version, rid)
+        self._heap = [(-self.room(r) * r.report.block_size, r.version, rid)
                       for rid, r in self.replicas.items() if not r.draining]
         heapq.heapify(self._heap)
 
     # ---- choice --------------------------------------------------------------------------
     def roomiest(self, now: float, exclude: frozenset[str] | tuple = ()) -> ReplicaState | None:
-        """The live, non-draining, non-excluded replica with the most projected headroom.
+        """The live, non-draining, non-excluded replica with the most room (`room`).
 
         Cost: O(log R) per stale or excluded entry met on the way (excluded ones are put back).
         Call `expire(now)` first.

@@ -20,8 +20,9 @@ def tiny_config(**sections) -> dict:
         "replicas": {"min_replicas": 2, "max_replicas": 2, "num_cpus": 1.0, "report_interval_s": 0.5},
         "limits": {"max_chunks_per_session": 6, "max_context_tokens": 1200, "session_ttl_s": 8.0,
                    "max_queue": 1, "admission_timeout_s": 2.0, "max_request_bytes": 64 * 1024},
+        # no overcommit: the admission tests fill a replica by projected sizes alone ('big' sessions)
         "scheduler": {"demand_priors": {"client": 256, "big": 20000, "huge": 10 ** 7},
-                      "stale_after_s": 3.0},
+                      "stale_after_s": 3.0, "overcommit": 1.0},
     }
     for name, values in sections.items():
         base.setdefault(name, {}).update(values)

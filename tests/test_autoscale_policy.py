@@ -34,7 +34,7 @@ def context(config, current: int, kv_frac: float, queued: int, state: dict) -> A
         deployment_id=DeploymentID(name="EngineReplica", app_name="stream2llm"), deployment_name="EngineReplica",
         app_name="stream2llm", current_num_replicas=current, target_num_replicas=current, running_replicas=[],
         total_num_requests=0, total_queued_requests=0,
-        aggregated_metrics={"kv_used_frac": replicas, "cluster_projected_frac": replicas,
+        aggregated_metrics={"kv_used_frac": replicas, "cluster_load_frac": replicas,
                             "cluster_queued": {r: queued for r in replicas}},
         raw_metrics={}, capacity_adjusted_min_replicas=config.min_replicas,
         capacity_adjusted_max_replicas=config.max_replicas, policy_state=state,

@@ -64,6 +64,18 @@ def test_admit_request_drain_and_release(central):
     ray.get(central.drain.remote("a", False))
 
 
+def test_before_any_replica_reported_a_wait_ends_unavailable_and_oversized_never_fits(central):
+    # replicas still starting: the wait ends as "unavailable" (503), not "rejected" (429)
+    decision = ray.get(central.admit.remote("early", "client", 0.3))
+    assert decision["unavailable"] and decision["retry_after_s"] >= 1 and "rejected" not in decision
+    assert ray.get(central.pressure.remote())["rejected"] == 0
+    ray.get(central.report.remote(report("a")))
+    # larger than every replica's KV (100 blocks of 16 tokens): refused at once, never queued
+    decision = ray.get(central.admit_request.remote("req", 1601, 30.0))
+    assert "never_fits" in decision and ray.get(central.pressure.remote())["queued"] == 0
+    assert ray.get(central.admit_request.remote("req", 800, 1.0)) == {"replica_id": "a"}
+
+
 def test_redeploy_settings_take_effect_and_survive_a_restart(central, central_name):
     assert ray.get(central.configure.remote({}))["max_queue"] == 0
     handle = get_or_create_scheduler(config(central_name, grace_s=3.0))  # a redeploy with new settings

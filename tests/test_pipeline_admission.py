@@ -69,22 +69,31 @@ def test_queue_drains_fifo_when_room_appears_and_newcomers_wait_behind():
 def test_release_teaches_demand_and_frees_reservation():
     c = controller()
     c.report(report("a"), now=0)
-    c.try_admit("s", "crawler", now=0)
     before = c.demand.expected_tokens("crawler")
-    c.release("s", context_tokens=100)
-    assert c.demand.expected_tokens("crawler") < before
+    for sid in ("s1", "s2", "s3"):  # the prior stands until min_observations (3) sessions finished
+        assert c.demand.expected_tokens("crawler") == before
+        c.try_admit(sid, "crawler", now=0)
+        c.release(sid, context_tokens=100)
+    assert c.demand.expected_tokens("crawler") == 100
     with pytest.raises(UnknownSessionError):
-        c.placement("s")
+        c.placement("s1")
     assert c.projected_used("a") == 0
 
 
-def test_unknown_source_type_learns_from_first_observation():
-    d = DemandModel({}, default_tokens=500)
-    assert d.expected_tokens("trace") == 500
-    d.observe("trace", 2000)
-    assert d.expected_tokens("trace") == 2000
-    d.observe("trace", 0)
-    assert d.expected_tokens("trace") == 1600
+def test_projection_is_a_high_percentile_of_finished_sizes_above_the_current_one():
+    d = DemandModel({}, default_tokens=500, percentile=0.9)
+    assert d.expected_tokens("trace") == 500 and d.expected_tokens("trace", current=800) == 800
+    for tokens in range(100, 1100, 100):  # 100 .. 1000
+        d.observe("trace", tokens)
+    assert d.expected_tokens("trace") == 900             # P90 (nearest rank) of ten sizes
+    assert d.expected_tokens("trace", current=750) == 1000  # P90 of the three above 750
+    assert d.expected_tokens("trace", current=5000) == 5000  # past every size seen: no growth projected
+    d = DemandModel({}, window=4, min_observations=1)
+    for tokens in (10_000, 10_000, 10, 10, 10, 10):  # the window forgets the old large ones
+        d.observe("x", tokens)
+    assert d.expected_tokens("x") == 10
+    with pytest.raises(ValueError):
+        DemandModel({}, percentile=0)
 
 
 def test_stale_replicas_are_not_routed_to_and_dead_ones_lose_sessions():
@@ -136,7 +145,7 @@ def test_bad_inputs_are_typed_errors():
     with pytest.raises(ValueError):
         ReplicaReport("a", 0, 0, 16)
     with pytest.raises(ValueError):
-        DemandModel({}, alpha=0)
+        DemandModel({}, window=0)
     with pytest.raises(ValueError):
         AdmissionController(DemandModel({}), max_queue=-1)
     assert blocks_for(17, 16) == 2 and blocks_for(0, 16) == 0

@@ -38,7 +38,7 @@ CONFIG = {
     # the idle TTL outlasts the longest hold: otherwise a slow scale-up expires the held sessions
     "limits": {"max_queue": 4, "admission_timeout_s": 360.0, "session_ttl_s": 420.0,
                "max_context_tokens": 1900},
-    "scheduler": {"demand_priors": {"client": 1536}, "stale_after_s": 3.0},
+    "scheduler": {"demand_priors": {"client": 1536}, "stale_after_s": 3.0, "overcommit": 1.0},
 }
 
 

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from engine.config import EngineConfig
 from pipeline.control.autoscale import KVPressurePolicy, autoscaling_config
 from pipeline.config import AppConfig, load_config
-from pipeline.errors import LimitExceeded
+from pipeline.errors import LimitExceeded, NeverFits
 
 
 def test_defaults_are_local_cpu_smollm2_and_the_engine_config_is_embedded():
@@ -90,6 +90,9 @@ def test_one_context_ceiling_and_one_answer_budget_from_the_engine():
     config.check_answer_length(256)
     with pytest.raises(LimitExceeded, match="answer budget of 256"):
         config.check_answer_length(257)
+    with pytest.raises(NeverFits, match="model's length of 4096") as e:  # no context could make it fit
+        config.check_answer_length(4096)
+    assert e.value.status == 400
 
 
 def test_load_config_file_and_dotted_overrides(tmp_path):
@@ -114,7 +117,7 @@ def _ctx(current, kv, cluster=0.0, queued=0, lo=1, hi=4):
     per = lambda v: {f"r{i}": v for i in range(current)}  # noqa: E731
     return SimpleNamespace(
         current_num_replicas=current, capacity_adjusted_min_replicas=lo, capacity_adjusted_max_replicas=hi,
-        aggregated_metrics={"kv_used_frac": per(kv), "cluster_projected_frac": per(cluster),
+        aggregated_metrics={"kv_used_frac": per(kv), "cluster_load_frac": per(cluster),
                             "cluster_queued": per(queued)})
 
 

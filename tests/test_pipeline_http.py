@@ -180,8 +180,10 @@ def test_concurrent_one_shot_generations_do_not_collide(base):
     (b'{"question": "q", "source": {"type": "crawl"}}', 422, "ValidationError"),
     (b'{"question": "q", "source": {"type": "documents", "documents": ["x"]}, "extra": 1}', 422,
      "ValidationError"),
+    (b'{"question": "q", "source": {"type": "documents", "documents": ["x"]}, "sampling": {"max_tokens": 1000}}',
+     413, "LimitExceeded"),  # over the answer budget (512)
     (b'{"question": "q", "source": {"type": "documents", "documents": ["x"]}, "sampling": {"max_tokens": 9999}}',
-     413, "LimitExceeded"),
+     400, "NeverFits"),  # over the model's length (2048): no context would leave it room
 ])
 def test_bad_rag_requests_get_4xx_with_reason(base, body, status, error):
     r = httpx.post(f"{base}/v1/rag", content=body, headers={"content-type": "application/json"}, timeout=30)
@@ -207,7 +209,7 @@ def test_chunks_per_session_and_context_token_limits(base):
     assert r.status_code == 413 and "limit 6" in r.json()["reason"]
     s2 = open_stream(base)
     r = append(base, s2["session_id"], "word " * 1500)
-    assert r.status_code == 413 and r.json()["error"] == "ContextLimitExceeded"
+    assert r.status_code == 400 and r.json()["error"] == "ContextLimitExceeded"  # can never fit: 400
     assert "exceeds the limit of 1200" in r.json()["reason"]
     assert finish(base, s2["session_id"])[-1][0] == "final"  # the session stayed usable
 

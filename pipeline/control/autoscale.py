@@ -2,8 +2,11 @@
 
 Ray 2.60 accepts a policy function (`AutoscalingPolicy(policy_function=...)`) that receives an
 `AutoscalingContext` with the custom metrics replicas return from `record_autoscaling_stats`.
-Replicas report their own KV use and the central scheduler's view (projected KV use of the cluster,
-sessions waiting for admission). Serve 2.60 wraps every deployment-level policy, this one included,
+Replicas report their own real KV use and the central scheduler's view: the cluster's load (the
+higher of real KV use and running sequences against `max_num_seqs`:
+`scheduler.replica_index.ClusterPressure.load_frac`, real signals that admission reads too) and
+the sessions waiting for admission. The projected growth is not read as load: it decides
+placement and admission, and when it fills the admission budget sessions queue, which counts. Serve 2.60 wraps every deployment-level policy, this one included,
 with `ray.serve.autoscaling_policy._apply_autoscaling_config` (`DeploymentAutoscalingState.register`):
 scaling factors, min/max and the upscale/downscale delays apply to its decision
 (tests/test_autoscale_policy.py drives it through that wrapper).
@@ -32,7 +35,7 @@ def _max(per_replica: dict) -> float:
 
 
 class KVPressurePolicy:
-    """Desired replicas from projected KV use and the admission queue (see module doc)."""
+    """Desired replicas from real KV use, sequence slots and the admission queue (see module doc)."""
 
     def __init__(self, target_kv_frac: float = 0.7, sessions_per_replica: float = 8.0):
         self.target_kv_frac = target_kv_frac
@@ -41,7 +44,7 @@ class KVPressurePolicy:
     def __call__(self, ctx):
         metrics = ctx.aggregated_metrics or {}
         own = _mean(metrics.get("kv_used_frac", {}))
-        cluster = _max(metrics.get("cluster_projected_frac", {}))
+        cluster = _max(metrics.get("cluster_load_frac", {}))
         queued = int(_max(metrics.get("cluster_queued", {})))
         want = desired_replicas(
             current=ctx.current_num_replicas, pressure_frac=max(own, cluster), queued=queued,

@@ -2,8 +2,11 @@
 
 The logic lives in `scheduler.admission` (pure). This actor adds waiting: an admission that cannot
 be placed at once waits (bounded queue) until a replica report or a released session makes room,
-or until its timeout, then the caller answers 429. After a restart the actor starts empty and
-rebuilds its view from the next round of replica reports (they list their open sessions).
+or until its deadline; then the caller answers 429 with Retry-After, or 503 with Retry-After when
+no replica has reported yet (replicas still starting). A request whose known size no replica's KV
+holds is answered `never_fits` at once (a 400: waiting cannot help). After a restart the actor
+starts empty and rebuilds its view from the next round of replica reports (they list their open
+sessions).
 
 Settings: the detached actor outlives deployments, so whoever resolves it (`get_or_create_scheduler`,
 called by every ingress and replica at start) publishes the current settings in Ray's GCS key-value
@@ -38,7 +41,8 @@ def central_settings(config) -> dict:
     return {"priors": dict(s.demand_priors), "max_queue": config.limits.max_queue,
             "stale_after_s": s.stale_after_s, "reserve_frac": s.reserve_frac, "grace_s": s.grace_s,
             "max_sessions": s.max_sessions, "request_lease_s": s.request_lease_s,
-            "admission_slot_s": s.admission_slot_s}
+            "admission_slot_s": s.admission_slot_s, "overcommit": s.overcommit,
+            "growth_percentile": s.growth_percentile}
 
 
 def _kv_key(actor_name: str) -> bytes:
@@ -75,6 +79,7 @@ class CentralScheduler:
         self._wake()
         return {"max_queue": self._ctl.max_queue, "stale_after_s": self._ctl.stale_after_s,
                 "grace_s": self._ctl.grace_s, "max_sessions": self._ctl.max_sessions,
+                "overcommit": self._ctl.overcommit, "growth_percentile": self._ctl.demand.percentile,
                 "request_lease_s": self._lease_s, "admission_slot_s": self._slot_s}
 
     def ping(self) -> dict:
@@ -89,7 +94,9 @@ class CentralScheduler:
     async def admit(self, session_id: str, source_type: str, timeout_s: float,
                     exclude: list[str] | None = None, *, tokens: int | None = None,
                     recovery: bool = False, lease_s: float | None = None) -> dict:
-        """Place a session; waits in the bounded queue. Returns {"replica_id"} or {"rejected"}.
+        """Place a session; waits in the bounded queue. Returns {"replica_id"}, or {"rejected"}
+        (429) or {"unavailable"} (503: no replica reported yet) with "retry_after_s", or
+        {"never_fits"} (400: `tokens` exceed every replica's KV).
 
         `tokens`: expected context tokens when known; `recovery`: the session flees the replicas
         in `exclude` (served before new sessions, its old placement moves); `lease_s`: the
@@ -97,19 +104,23 @@ class CentralScheduler:
         """
         ask = {"tokens": tokens, "recovery": recovery, "lease_s": lease_s}
         exclude_t = tuple(exclude or ())
+        if tokens is not None and not self._ctl.fits_anywhere(tokens):
+            return {"never_fits": f"{tokens} tokens exceed the KV cache of every replica"}
         now = time.monotonic()
         replica_id = self._ctl.try_admit(session_id, source_type, now, exclude_t, **ask)
         if replica_id is not None:
             return {"replica_id": replica_id}
-        if not self._ctl.enqueue(session_id, source_type, now, exclude_t, **ask):
+        ready = self._ctl.any_live(now)  # else replicas are starting: "unavailable", no rejection
+        if not self._ctl.enqueue(session_id, source_type, now, exclude_t, count_rejection=ready, **ask):
             return self._rejection("admission queue full")
         future = self._waiters[session_id] = asyncio.get_running_loop().create_future()
         self._wake()
         try:
             return {"replica_id": await asyncio.wait_for(future, timeout_s)}
         except asyncio.TimeoutError:
-            self._ctl.leave_queue(session_id)
-            return self._rejection("no KV headroom within the admission timeout")
+            decision = self._rejection("no replica had room within the admission deadline")
+            self._ctl.leave_queue(session_id, rejected="rejected" in decision)  # not-ready is no rejection
+            return decision
         finally:
             self._waiters.pop(session_id, None)
 
@@ -156,6 +167,8 @@ class CentralScheduler:
         return list(self._closed)
 
     def _rejection(self, reason: str) -> dict:
+        if not self._ctl.any_live(time.monotonic()):  # starting (or all lost): not the load's fault
+            return {"unavailable": "no engine replica is ready yet", "retry_after_s": self._ctl.retry_after_s(5.0)}
         return {"rejected": reason, "retry_after_s": self._ctl.retry_after_s()}
 
     def _wake(self) -> None:
@@ -195,7 +208,8 @@ class CentralScheduler:
 
     def pressure(self) -> dict:
         p = self._ctl.pressure(time.monotonic())
-        return {**asdict(p), "used_frac": p.used_frac, "projected_frac": p.projected_frac}
+        return {**asdict(p), "used_frac": p.used_frac, "projected_frac": p.projected_frac,
+                "budget_frac": p.budget_frac, "seq_frac": p.seq_frac, "load_frac": p.load_frac}
 
     def replicas(self) -> dict:
         """Live replicas' reports with headroom (O(R): for /v1/cluster and metrics, not a hot path)."""

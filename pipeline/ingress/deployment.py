@@ -25,7 +25,7 @@ from pipeline.ingress import openai_routes
 from pipeline.control.central import SchedulerUnavailable, get_or_create_scheduler, scheduler_health
 from pipeline.ingress.replica_client import EngineClient
 from pipeline.config import AppConfig
-from pipeline.errors import AdmissionRejected, BadRequest, unwrap
+from pipeline.errors import AdmissionRejected, BadRequest, ReplicaNotReady, unwrap
 from pipeline.ingress.cleanup import cleanup
 from pipeline.ingress.flows import FlowContext, answer_events, parse_event_id, rag_events, resume_events
 from pipeline.ingress.http_util import (LimitsMiddleware, error_response, event_stream, first_then_rest,
@@ -44,6 +44,8 @@ from stream2llm.data.traces import ContextOp, PromptMode
 
 log = logging.getLogger("stream2llm.ingress")
 
+NOT_READY_RETRY_S = 5  # Retry-After while no engine replica has started (a start takes 15-30 s here)
+
 api = FastAPI(title="stream2llm", description="Streaming RAG on Ray Serve")
 api.add_exception_handler(RequestValidationError, validation_response)
 api.add_exception_handler(StarletteHTTPException, http_exception_response)
@@ -55,7 +57,8 @@ class Ingress:
         self.config = AppConfig.model_validate(config)
         self.scheduler = get_or_create_scheduler(self.config)
         self.client = EngineClient(engine_handle, self.scheduler, self.config.limits.admission_timeout_s,
-                                   self.config.context_limit, self.config.scheduler.admission_slots)
+                                   self.config.context_limit, self.config.scheduler.admission_slots,
+                                   max_model_len=self.config.model.max_model_len)
         self.handle = engine_handle
         # Session records live in shard actors (any ingress replica serves any session); idle
         # sessions are dropped there and aborted by their replicas after the TTL.
@@ -68,6 +71,7 @@ class Ingress:
         LimitsMiddleware.configure(self.config.limits.max_request_bytes, self.config.auth.bearer_tokens,
                                    self.ingress_id)
         self._flow_context: FlowContext | None = None
+        self._ready = False  # an engine replica has reported (see _replica_ready)
 
     async def _flow(self) -> FlowContext:
         """The collaborators of the flows; the model's RAG prompt text comes from a replica, once."""
@@ -76,6 +80,16 @@ class Ingress:
             self._flow_context = FlowContext(self.client, self.sessions, self.metrics, self.actors, template,
                                              self.config.context_limit, owner=self.actor_name)
         return self._flow_context
+
+    async def _replica_ready(self) -> bool:
+        """Whether an engine replica has reported to the central scheduler (it reports once its
+        engine is built). Once true it stays true in this process: liveness is /healthz's."""
+        if not self._ready:
+            try:
+                self._ready = (await scheduler_health(self.scheduler, timeout_s=2.0))["replicas"] > 0
+            except SchedulerUnavailable:
+                return False
+        return self._ready
 
     async def _run(self, coro, openai: bool = False):
         try:
@@ -128,7 +142,7 @@ class IngressRoutes(Ingress):
         return {"pressure": pressure, "replicas": replicas, "routing": routing}
 
     @_route("post", "/v1/rag", responses={**event_stream_or_json("The answer: SSE events (context, token, final), or JSON."),
-                                       **error_responses(*BODY_ERRORS, 404, 409, 429, 501)})
+                                       **error_responses(*BODY_ERRORS, 404, 409, 429, 501, 503)})
     async def rag(self, body: RagRequest, last_event_id: str | None = Header(None)):
         if last_event_id:
             return await self._run(self._resume(last_event_id, None, body.stream))
@@ -146,7 +160,7 @@ class IngressRoutes(Ingress):
             return event_stream(events)
         return await _collect(events)
 
-    @_route("post", "/v1/streams", status_code=201, responses=error_responses(*BODY_ERRORS, 429))
+    @_route("post", "/v1/streams", status_code=201, responses=error_responses(*BODY_ERRORS, 429, 503))
     async def open_stream(self, body: OpenStream):
         return await self._run(self._open(body))
 
@@ -166,11 +180,11 @@ class IngressRoutes(Ingress):
     async def _info(self, session_id: str):
         return (await self.sessions.get(session_id, for_change=False))[0].summary()
 
-    @_route("post", "/v1/streams/{session_id}/chunks", responses=error_responses(*BODY_ERRORS, 404, 409, 429))
+    @_route("post", "/v1/streams/{session_id}/chunks", responses=error_responses(*BODY_ERRORS, 404, 409, 429, 503))
     async def append_chunk(self, session_id: str, body: ChunkBody):
         return await self._run(self._add(session_id, ContextOp.APPEND, [body], body.seq))
 
-    @_route("put", "/v1/streams/{session_id}/context", responses=error_responses(*BODY_ERRORS, 404, 409, 429))
+    @_route("put", "/v1/streams/{session_id}/context", responses=error_responses(*BODY_ERRORS, 404, 409, 429, 503))
     async def replace_context(self, session_id: str, body: ReplaceBody):
         return await self._run(self._add(session_id, ContextOp.REPLACE, body.chunks, body.seq))
 
@@ -194,7 +208,7 @@ class IngressRoutes(Ingress):
         return {**session.summary(), "context_tokens": tokens, "duplicate": False}
 
     @_route("post", "/v1/streams/{session_id}/finish", responses={**event_stream_or_json("The answer: SSE or JSON."),
-                                                               **error_responses(*BODY_ERRORS, 404, 409, 429)})
+                                                               **error_responses(*BODY_ERRORS, 404, 409, 429, 503)})
     async def finish_stream(self, session_id: str, body: FinishBody, last_event_id: str | None = Header(None)):
         if last_event_id:
             return await self._run(self._resume(last_event_id, session_id, body.stream))
@@ -226,17 +240,21 @@ class IngressRoutes(Ingress):
         self.metrics.aborted.labels("deleted").inc()
         return Response(status_code=204)
 
-    @_route("get", "/v1/models")
+    @_route("get", "/v1/models", responses=error_responses(503, openai=True))
     async def models(self):
+        """503 with Retry-After until an engine replica can serve (clients such as `vllm bench serve`
+        start on this route's 200)."""
+        if not await self._replica_ready():
+            return error_response(ReplicaNotReady("no engine replica is ready yet", NOT_READY_RETRY_S), openai=True)
         return openai_routes.models(self.config)
 
     @_route("post", "/v1/completions", responses={**event_stream_or_json("A completion, or SSE chunks with stream=true."),
-                                               **error_responses(*BODY_ERRORS, 404, 429, openai=True)})
+                                               **error_responses(*BODY_ERRORS, 404, 429, 503, openai=True)})
     async def completions(self, body: CompletionRequest):
         return await self._run(openai_routes.completions(self, body), openai=True)
 
     @_route("post", "/v1/chat/completions", responses={**event_stream_or_json("A chat completion, or SSE chunks with stream=true."),
-                                                    **error_responses(*BODY_ERRORS, 404, 429, openai=True)})
+                                                    **error_responses(*BODY_ERRORS, 404, 429, 503, openai=True)})
     async def chat_completions(self, body: ChatCompletionRequest):
         return await self._run(openai_routes.chat_completions(self, body), openai=True)
 

@@ -11,8 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.middleware.base import BaseHTTPMiddleware
 
-from pipeline.errors import (AdmissionRejected, error_body, http_status, is_openai_path, openai_error,
-                             openai_error_body, unwrap)
+from pipeline.errors import error_body, http_status, is_openai_path, openai_error, openai_error_body, unwrap
 
 log = logging.getLogger("stream2llm.http")
 
@@ -32,7 +31,7 @@ def error_response(error: BaseException, openai: bool = False) -> JSONResponse:
         log.exception("internal error", exc_info=unwrap(error))
     headers = {}
     cause = unwrap(error)
-    if isinstance(cause, AdmissionRejected):
+    if getattr(cause, "retry_after_s", None) is not None:  # 429 admission refused, 503 not ready
         headers["Retry-After"] = str(cause.retry_after_s)
     body = openai_error(error) if openai else error_body(error)
     return JSONResponse(body, status_code=status, headers=headers)

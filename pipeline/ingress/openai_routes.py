@@ -18,11 +18,10 @@ import uuid
 from fastapi.responses import JSONResponse
 
 from engine.api import OpenAITimings
-from pipeline.errors import AdmissionRejected, ContextLengthExceeded, ModelNotFound, openai_error
+from pipeline.errors import ModelNotFound, NeverFits, openai_error
 from pipeline.ingress.http_util import ClosingStreamingResponse
 from pipeline.schemas import ChatCompletionRequest, CompletionRequest
 
-CHARS_PER_TOKEN = 3  # admission estimate of a prompt's tokens (the ingress has no tokenizer)
 ENDPOINT = {"completion": "text_completion", "chat": "chat.completion"}  # the TTFT histogram's label
 
 
@@ -47,19 +46,18 @@ def _check(ing, body) -> None:
         raise ModelNotFound(f"The model {body.model!r} does not exist; this server serves {served!r}")
     limit, answer = ing.config.model.max_model_len, body.answer_tokens()
     if answer is not None and answer >= limit:
-        raise ContextLengthExceeded(f"This model's maximum context length is {limit} tokens; max_tokens "
+        raise NeverFits(f"This model's maximum context length is {limit} tokens; max_tokens "
                                     f"{answer} leaves no room for any prompt")
 
 
 async def _admit(ing, body) -> tuple[str, str]:
     """A lease for the prompt (estimated) and the answers (n x max tokens, or the answer budget when absent)."""
     request_id = uuid.uuid4().hex
-    tokens = body.prompt_chars(CHARS_PER_TOKEN) // CHARS_PER_TOKEN
-    tokens += (body.n or 1) * (body.answer_tokens() or ing.config.model.answer_budget_tokens)
-    decision = await ing.client.central.admit_request(request_id, tokens, ing.config.limits.admission_timeout_s)
-    if "rejected" in decision:
-        raise AdmissionRejected(decision["rejected"], decision["retry_after_s"])
-    return request_id, decision["replica_id"]
+    text, token_ids = body.prompt_parts()
+    asked = body.answer_tokens()
+    answer = asked or ing.config.model.answer_budget_tokens
+    return request_id, await ing.client.admit_request(request_id, text, answer, token_ids, answers=body.n or 1,
+                                                      fit_tokens=asked or 1)
 
 
 async def _serve(ing, route: str, body):

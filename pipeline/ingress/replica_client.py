@@ -12,24 +12,26 @@ import logging
 from engine.api import SessionNotFoundError
 from pipeline.control.central_client import CentralClient
 from pipeline.ingress.cleanup import cleanup
-from pipeline.errors import AdmissionRejected, AnswerNotReproducible, is_replica_gone, unwrap
+from pipeline.errors import AnswerNotReproducible, NeverFits, admission_error, is_replica_gone, unwrap
 from pipeline.sessions.log import SessionLog, new_session_id
 from stream2llm.data.traces import ContextOp
 
 log = logging.getLogger("stream2llm.client")
 
 MAX_RECOVERIES = 2
+CHARS_PER_TOKEN = 3  # a one-shot prompt's tokens, estimated where the ingress has no tokenizer
 
 
 class EngineClient:
     def __init__(self, handle, scheduler, admission_timeout_s: float, context_limit: int,
-                 admission_slots: int = 0):
+                 admission_slots: int = 0, max_model_len: int | None = None):
         self._handle = handle
         self._scheduler = scheduler            # the raw handle: replica_died
         # admissions and releases, batched per process; plain admissions from slots when granted
         self._central = CentralClient(scheduler, slots=admission_slots)
         self._admission_timeout_s = admission_timeout_s
         self._context_limit = context_limit  # tokens a session may hold (AppConfig.context_limit)
+        self._max_model_len = max_model_len  # prompt + answer of one request at most
 
     @property
     def central(self) -> CentralClient:
@@ -43,9 +45,33 @@ class EngineClient:
         ask = {"recovery": True} if exclude else {}
         decision = await self._central.admit(session_id, source_type, self._admission_timeout_s,
                                              exclude or [], **ask)
-        if "rejected" in decision:
-            raise AdmissionRejected(decision["rejected"], decision["retry_after_s"])
+        if (error := admission_error(decision)) is not None:
+            raise error
         return session_id, decision["replica_id"]
+
+    async def admit_request(self, request_id: str, text: str, max_tokens: int, token_ids: int = 0,
+                            answers: int = 1, fit_tokens: int | None = None) -> str:
+        """Admit a one-shot request whose prompt is `text` (its prompt, or its messages' contents) plus
+        `token_ids` given as ids, with `answers` answers of up to `max_tokens` each (OpenAI's `n`);
+        returns the replica. `NeverFits` (400) at once when prompt plus one answer exceed the model's
+        length: the text's tokens are estimated from its characters, and counted by a replica's
+        tokenizer only when the estimate says it may not fit (an estimate alone must not refuse a
+        prompt that fits). The lease holds the prompt and every answer. `fit_tokens`: the answer tokens
+        the fit is checked with, when they differ from the lease's (no max_tokens given: vLLM answers
+        in what the prompt leaves, so one token must fit)."""
+        fit = max_tokens if fit_tokens is None else fit_tokens
+        prompt = len(text) // CHARS_PER_TOKEN + token_ids
+        limit = self._max_model_len
+        if limit is not None and prompt + fit > limit:
+            prompt = (len(await self._handle.tokenize.remote(text)) if text else 0) + token_ids
+            if prompt + fit > limit:
+                raise NeverFits(f"the prompt ({prompt} tokens) plus {fit} answer tokens "
+                                f"exceed the model's length of {limit} tokens")
+        tokens = prompt + answers * max_tokens
+        decision = await self._central.admit_request(request_id, tokens, self._admission_timeout_s)
+        if (error := admission_error(decision)) is not None:
+            raise error
+        return decision["replica_id"]
 
     async def open(self, source_type: str, owner: str | None = None) -> SessionLog:
         """Admit and open a session; `owner`: the ingress actor that alone drives it (its replica

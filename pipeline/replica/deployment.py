@@ -231,11 +231,12 @@ class EngineReplica:
         return dict(self._last_stats)
 
     def record_autoscaling_stats(self) -> dict:
-        """Custom metrics for `pipeline.control.autoscale.kv_pressure_policy`."""
+        """Custom metrics for `pipeline.control.autoscale.KVPressurePolicy`: this engine's real KV
+        use, and the central scheduler's load (real KV, sequence slots) and admission queue."""
         total = self._last_stats.get("kv_blocks_total") or 1
         return {
             "kv_used_frac": self._last_stats.get("kv_blocks_used", 0) / total,
-            "cluster_projected_frac": float(self._pressure.get("projected_frac", 0.0)),
+            "cluster_load_frac": float(self._pressure.get("load_frac", 0.0)),
             "cluster_queued": float(self._pressure.get("queued", 0)),
         }
 
@@ -267,6 +268,8 @@ class EngineReplica:
             "queue_depth": len(self._busy), "sessions": sessions,
             "source_types": {s: self._source.get(s, "") for s in sessions},
             "node_id": self.node_id, "preemptions": stats["preemptions"],
+            "max_num_seqs": self._config.model.max_num_seqs, "running": int(stats["extra"].get("running", 0)),
+            "waiting": int(stats["extra"].get("waiting", 0)),
         }
         self._pressure = await self._scheduler.report.remote(report)
 

@@ -1,0 +1,46 @@
+"""Cluster-wide pressure as the central scheduler sees it: the input of autoscaling and operators."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ClusterPressure:
+    """Cluster-wide KV pressure, the input of autoscaling."""
+
+    replicas: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_blocks_projected: int
+    sessions: int
+    queued: int
+    rejected: int
+    kv_blocks_budget: int = 0         # projected blocks admission allows (capacity x overcommit)
+    running: int = 0                  # sequences the engines run
+    max_num_seqs: int = 0             # their sequence slots (of the replicas that report them)
+    waiting: int = 0                  # requests waiting in the engines' queues
+
+    @property
+    def used_frac(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @property
+    def projected_frac(self) -> float:
+        return self.kv_blocks_projected / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @property
+    def budget_frac(self) -> float:
+        """Share of the admission budget the projection takes (1.0: admission stops)."""
+        return self.kv_blocks_projected / self.kv_blocks_budget if self.kv_blocks_budget else 0.0
+
+    @property
+    def seq_frac(self) -> float:
+        """Running sequences against the engines' slots."""
+        return self.running / self.max_num_seqs if self.max_num_seqs else 0.0
+
+    @property
+    def load_frac(self) -> float:
+        """What autoscaling reads: the higher of real KV use and the sequence slots' use (the
+        projection is no load yet: when it fills the budget, sessions queue, and the queue counts)."""
+        return max(self.used_frac, self.seq_frac)
