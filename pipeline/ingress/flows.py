@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.replica.answers import AnswerEnd
 from pipeline.ingress.cleanup import cleanup
-from pipeline.errors import LimitExceeded, SessionGone, is_replica_gone, unwrap
+from pipeline.errors import ContextLimitExceeded, LimitExceeded, SessionGone, is_replica_gone, unwrap
 from pipeline.sessions.log import SessionLog
 from pipeline.sources import (AppendChunk, Done, ReplaceContext, SourceError, citation, context_change,
                               open_source, source_type)
@@ -227,7 +227,7 @@ async def context_event(ctx: FlowContext, session: SessionLog, event, add):
         tokens = await add(session, op, text)
     except Exception as e:
         # Over a limit: the session keeps the context it has and the answer uses that.
-        if not isinstance(unwrap(e), LimitExceeded):
+        if not isinstance(unwrap(e), (LimitExceeded, ContextLimitExceeded)):
             raise
         return "context_skipped", {"mode": op, "sources": citation(event), "reason": str(unwrap(e))}
     _cite(session, op, citation(event))
