@@ -93,6 +93,16 @@ def _engine_runs(data: dict) -> int:
     return sum(len(per) for per in data["workloads"]["crawler"]["engine"]["results"].values())
 
 
+def _cluster_n(data: dict) -> str:
+    return f"{len(data['cells'])} cells, {data['sessions_per_cell']} sessions each"
+
+
+def _central_vs_pow2_median(data: dict) -> float:
+    ratios = sorted(c["routers"]["central"]["ttft_p99_s"] / c["routers"]["pow2"]["ttft_p99_s"]
+                    for c in data["cells"].values())
+    return ratios[len(ratios) // 2]
+
+
 CLAIMS: tuple[Claim, ...] = (
     Claim("engine: streamed TTFT P50 / floor (only the last chunk left), 0.7 s gaps", "engine_ttft.json",
           at("floor_ratio_p50"), Target("<=", 1.3), _sessions),
@@ -148,6 +158,11 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("central scheduler: admission P99 (ms) at the target rate", "central.json",
           at("at_target_rate", "admit_p99_ms"), Target("<", at("targets", "admit_p99_ms")),
           lambda d: f"median of {d['at_target_rate']['repeats']} runs"),
+    Claim("cluster simulation: central / Ray Serve pow2 P99 TTFT at 64 replicas and 80% load, worst cell",
+          "cluster_sim.json", at("central_vs_pow2_p99_ratio_64_at_80"),
+          Target("<=", at("targets", "central_vs_pow2_p99_ratio_64_at_80")), _cluster_n),
+    Claim("cluster simulation: central / Ray Serve pow2 P99 TTFT, median over all cells", "cluster_sim.json",
+          _central_vs_pow2_median, None, _cluster_n),
     Claim("grounded QA (vector): streamed answers identical to one-shot", "qa.json",
           lambda d: d["sources"]["vector"]["identical_answers"] / d["sources"]["vector"]["questions"],
           Target("==", 1.0), lambda d: f"{d['sources']['vector']['questions']} questions"),

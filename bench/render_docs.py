@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import claims, doc_tables
+from bench import claims, doc_tables, doc_tables_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -51,6 +51,7 @@ REGISTRY: dict[str, Entry] = {
     "engine_ttft_long_gap": Entry("engine_ttft_long_gap.json", doc_tables.engine_ttft),
     "cpu_dtype": Entry("cpu_dtype.json", doc_tables.cpu_dtype),
     "central": Entry("central.json", doc_tables.central),
+    "cluster_sim": Entry("cluster_sim.json", doc_tables_cluster.cluster_sim),
     "engine_load": Entry("engine_load.json", doc_tables.engine_load),
     "pipeline": Entry("pipeline.json", doc_tables.pipeline),
     "qa": Entry("qa.json", doc_tables.qa),

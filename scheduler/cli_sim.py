@@ -12,7 +12,9 @@ from scheduler.cost_model import load_cost_model
 from scheduler.gpu_model import PRESETS
 from scheduler.policies import POLICIES
 from scheduler.simulator import SimEngineConfig
+from scheduler.simulator.arrivals import ARRIVALS
 from scheduler.simulator.grid import GENERATORS, HEADER, READERS, run_grid
+from scheduler.simulator.routers import ROUTERS
 from stream2llm.data.traces import PromptMode
 
 
@@ -33,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-tokens", type=int, default=8192)
     parser.add_argument("--swap-pool-blocks", type=int, default=16384, help="host swap pool per engine")
     parser.add_argument("--engines", type=int, default=1)
+    parser.add_argument("--router", choices=sorted(ROUTERS), default="least_active",
+                        help="how sessions pick an engine (scheduler.simulator.routers)")
+    parser.add_argument("--arrivals", choices=sorted(ARRIVALS), default="poisson")
     parser.add_argument("--output", type=Path, help="write results as JSON here")
 
 
@@ -59,11 +64,12 @@ def run(args) -> int:
     print(HEADER)
     results = run_grid(traces, cost, policies=args.policies.split(","), modes=args.modes.split(","),
                        qps=args.qps, seed=args.seed, delay=args.delay, engine=engine,
-                       engines=args.engines)
+                       engines=args.engines, router=args.router, arrivals=args.arrivals)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         payload = {"workload": args.workload, "num_requests": len(traces), "qps": args.qps,
                    "delay": args.delay, "kv_blocks": kv_blocks, "engines": args.engines,
+                   "router": args.router, "arrivals": args.arrivals,
                    "results": results}
         args.output.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -12,12 +12,12 @@ READERS = {"crawler": read_crawler_csv, "vector": read_vector_csv}
 
 
 def run_grid(traces, cost, *, policies, modes, qps, seed, delay, engine: SimEngineConfig,
-             engines: int = 1, echo=print) -> dict:
+             engines: int = 1, router: str = "least_active", arrivals: str = "poisson", echo=print) -> dict:
     """results[mode][policy] = summary dict."""
     results: dict = {}
     for mode in modes:
         for policy in policies:
-            config = SimConfig(policy, mode, engine, engines, qps, seed, delay)
+            config = SimConfig(policy, mode, engine, engines, qps, seed, delay, router=router, arrivals=arrivals)
             summary = simulate(traces, config, cost).summary()
             results.setdefault(mode, {})[policy] = summary
             echo(format_row(mode, policy, summary))

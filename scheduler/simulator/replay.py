@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stream2llm.data.traces import ContextOp, PromptMode, QueryTrace, lcp_tokens, poisson_arrivals
+from stream2llm.data.traces import ContextOp, PromptMode, QueryTrace, lcp_tokens
 from scheduler.cost_model import CostModel
 from scheduler.policies import make_policy
 from scheduler.request import RequestView
+from scheduler.simulator.arrivals import ARRIVALS, make_arrivals
 from scheduler.simulator.engine import SimEngine, SimEngineConfig
+from scheduler.simulator.routers import Router, SessionAsk, make_router
 
 class SimConfigError(ValueError):
     """Bad simulation parameters."""
@@ -34,6 +36,9 @@ class SimConfig:
     qps: float = 1.0
     seed: int = 0
     delay_multiplier: float = 1.0
+    router: str = "least_active"  # scheduler.simulator.routers: how sessions pick an engine
+    router_settings: dict = field(default_factory=dict, hash=False)
+    arrivals: str = "poisson"     # scheduler.simulator.arrivals
 
     def __post_init__(self) -> None:
         if self.mode not in PromptMode.__members__.values():
@@ -41,6 +46,9 @@ class SimConfig:
         if self.num_engines < 1:
             raise SimConfigError(f"need at least one engine, got {self.num_engines}")
         make_policy(self.policy)  # raises UnknownPolicyError listing the valid names
+        make_router(self.router, **self.router_settings)  # UnknownRouterError lists the valid names
+        if self.arrivals not in ARRIVALS:
+            raise SimConfigError(f"unknown arrivals {self.arrivals!r}; valid: {', '.join(sorted(ARRIVALS))}")
 
 
 @dataclass
@@ -80,29 +88,41 @@ class SimResult:
         }
 
 
-_CHUNK, _STEP = 0, 1
+_CHUNK, _STEP, _REPORT, _FINISH = 0, 1, 2, 3
 
 
 def simulate(traces: Sequence[QueryTrace], config: SimConfig, cost: CostModel) -> SimResult:
     started = time.perf_counter()
     traces = [t.stretched(config.delay_multiplier) if config.delay_multiplier != 1 else t
               for t in traces]
-    arrivals = poisson_arrivals(len(traces), config.qps, config.seed)
+    arrivals = make_arrivals(config.arrivals, len(traces), config.qps, config.seed)
     engines = [SimEngine(make_policy(config.policy), cost, config.engine)
                for _ in range(config.num_engines)]
-    run = _Run(traces, arrivals, engines, config.mode == PromptMode.STREAM)
+    router = make_router(config.router, **config.router_settings)
+    run = _Run(traces, arrivals, engines, config.mode == PromptMode.STREAM, router)
     run.loop()
     return run.result(config, started)
 
 
 class _Run:
-    def __init__(self, traces, arrivals, engines: list[SimEngine], streaming: bool):
+    def __init__(self, traces, arrivals, engines: list[SimEngine], streaming: bool,
+                 router: Router | None = None):
         self.traces, self.arrivals, self.engines, self.streaming = traces, arrivals, engines, streaming
+        self.router = router = router if router is not None else make_router("least_active")
+        self.index = {t.query_id: q for q, t in enumerate(traces)}
+        self.waiting: dict[int, list[tuple[int, float]]] = {}  # session -> chunks held while it queues
+        self.open = len(traces)  # sessions not finished
+        self.queue_waits: list[float] = []  # of sessions the router queued, from first chunk to placement
         self.events: list[tuple] = []
         for q, (trace, start) in enumerate(zip(traces, arrivals)):
             events = enumerate(trace.events) if streaming else [(len(trace.events) - 1, trace.events[-1])]
             for i, event in events:
                 self.events.append((start + event.end_s, q, _CHUNK, i))
+        router.bind(engines, 0.0)
+        if router.report_interval_s is not None:  # each replica reports at its own phase
+            for e in range(len(engines)):
+                phase = router.report_interval_s * (e + 1) / len(engines)
+                self.events.append((phase, -2, _REPORT, e))
         heapq.heapify(self.events)
         self.route: dict[int, int] = {}
         self.busy = [False] * len(engines)
@@ -117,22 +137,55 @@ class _Run:
         while events:
             now, q, kind, payload = heapq.heappop(events)
             if kind == _CHUNK:
-                engine = self._deliver(q, payload, now)
-                if not self.busy[engine]:
-                    self._step(engine, now)
+                self._arrive(q, payload, now)
+            elif kind == _REPORT:
+                self.router.on_report(payload, now)
+                self._admit_queued(now)
+                if self.open:
+                    self._stuck_check()
+                    heapq.heappush(events, (now + self.router.report_interval_s, -2, _REPORT, payload))
+            elif kind == _FINISH:
+                self._finished(*payload, now)
             else:
                 self._step(payload, now)
 
-    def _deliver(self, q: int, index: int, now: float) -> int:
+    def _arrive(self, q: int, index: int, now: float) -> None:
+        if q not in self.route:
+            if q not in self.waiting:
+                trace = self.traces[q]
+                placed = self.router.place(SessionAsk(trace.query_id, trace.shape), now)
+                if placed is None:
+                    self.waiting[q] = []
+                else:
+                    self.route[q] = placed
+            if q in self.waiting:
+                self.waiting[q].append((index, now))
+                return
+        self._deliver(q, index, now, now)
+        self._wake(self.route[q], now)
+
+    def _admit_queued(self, now: float) -> None:
+        """Sessions the router placed from its queue: their held chunks go in now."""
+        for session_id, e in self.router.admitted(now):
+            q = self.index[session_id]
+            self.route[q] = e
+            self.queue_waits.append(now - self.waiting[q][0][1])
+            for index, arrived in self.waiting.pop(q):
+                self._deliver(q, index, now, arrived)
+            self._wake(e, now)
+
+    def _wake(self, e: int, now: float) -> None:
+        if not self.busy[e]:
+            self._step(e, now)
+
+    def _deliver(self, q: int, index: int, now: float, arrived: float) -> int:
         trace = self.traces[q]
         request_id = trace.query_id
         event = trace.events[index]
         last = index == len(trace.events) - 1
-        if q not in self.route:
-            self.route[q] = min(range(len(self.engines)), key=lambda e: self.engines[e].num_active)
         engine = self.engines[self.route[q]]
         if last:
-            self.asked_at[request_id] = now
+            self.asked_at[request_id] = arrived
         if request_id not in engine.views:
             tokens = trace.total_context_tokens() if not self.streaming else (
                 event.num_tokens + (trace.question_tokens if last and event.kind == ContextOp.APPEND else 0))
@@ -157,7 +210,20 @@ class _Run:
             self.ttft.append(end - self.asked_at[request_id])
         if outcome.finished:
             self.last_finish = max(self.last_finish, end)
+            for request_id in outcome.finished:  # the router hears when the answer ends
+                heapq.heappush(self.events, (end, -3, _FINISH, (request_id, e)))
         heapq.heappush(self.events, (end, -1, _STEP, e))
+
+    def _stuck_check(self) -> None:
+        """Queued sessions with nothing else left to happen would wait (and report) forever."""
+        if self.waiting and not any(self.busy) and all(kind == _REPORT for _, _, kind, _ in self.events):
+            raise RuntimeError(f"{len(self.waiting)} sessions queued and none can ever be placed")
+
+    def _finished(self, request_id: str, e: int, now: float) -> None:
+        self.open -= 1
+        q = self.index[request_id]
+        self.router.on_finish(request_id, e, self.traces[q].total_context_tokens(), now)
+        self._admit_queued(now)
 
     def result(self, config: SimConfig, started: float) -> SimResult:
         preemptions = {"recompute": 0, "swap": 0}
@@ -168,14 +234,19 @@ class _Run:
                 preemptions[kind] += count
             for key in totals:
                 totals[key] += getattr(engine.stats, key)
-        unfinished = sum(engine.num_active for engine in self.engines)
+        unfinished = sum(engine.num_active for engine in self.engines) + len(self.waiting)
         if unfinished:
             raise RuntimeError(f"simulation ended with {unfinished} unfinished requests")
         mean_streams, max_streams = _concurrency(self.stream_spans)
         return SimResult(self.ttft, self.last_finish, preemptions, totals["tokens_invalidated"],
                          totals["tokens_recomputed"], totals["tokens_computed"], totals["steps"],
                          mean_streams, max_streams, time.perf_counter() - started, len(self.traces),
-                         busy_s=totals["busy_s"], swaps_dropped=totals["swaps_dropped"])
+                         busy_s=totals["busy_s"], swaps_dropped=totals["swaps_dropped"],
+                         extra={"queue_waits_s": self.queue_waits, "router": self._router_stats()})
+
+    def _router_stats(self) -> dict:
+        stats = getattr(self.router, "stats", None)
+        return stats() if stats is not None else {}
 
 
 def _concurrency(spans: list[tuple[float, float]]) -> tuple[float, int]:
