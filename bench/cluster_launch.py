@@ -32,6 +32,7 @@ import yaml
 
 from bench.fake_cluster import ROOT, fake_cluster, fake_cluster_config, free_port, load_cluster_yaml
 from bench.results_meta import engine_dtype, start_run, write_results
+from pipeline.control.home import CONTROL_RESOURCE
 
 OUT = ROOT / "bench" / "results" / "cluster_launch.json"
 SESSIONS = 12
@@ -45,6 +46,9 @@ APP_ARGS = {  # an AppConfig: the load of tests/test_pipeline_autoscale.py, one 
                  "sessions_per_replica": 2.0, "drain_timeout_s": 30.0},
     "limits": {"max_queue": 4, "admission_timeout_s": 400.0, "session_ttl_s": 600.0, "max_context_tokens": 1900},
     "scheduler": {"demand_priors": {"client": 1536}, "stale_after_s": 3.0},
+    # the ingress is placeable on any node; here it stays on the fake head (the control node), which
+    # no scale-down removes, so the drill's client connections survive the node it removes
+    "ingress": {"resources": {CONTROL_RESOURCE: 0.001}},
 }
 
 

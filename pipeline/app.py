@@ -16,7 +16,6 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from pipeline.control.autoscale import autoscaling_config
-from pipeline.control.central import HEAD_NODE_RESOURCE
 from pipeline.config import AppConfig, load_config
 from pipeline.ingress.deployment import IngressRoutes, api
 from pipeline.replica.deployment import EngineReplica
@@ -50,10 +49,16 @@ def engine_deployment(config: AppConfig):
 
 
 def ingress_deployment(config: AppConfig):
+    """Stateless HTTP replicas on any node with room (`ingress.resources` may name CPU nodes), not
+    pinned to the head: with Serve's proxies on every node (deploy/serve.yaml), no answer token
+    needs to cross the head."""
+    i = config.ingress
+    scaling = ({"num_replicas": i.replicas} if i.max_replicas is None or i.max_replicas <= i.replicas else
+               {"autoscaling_config": {"min_replicas": i.replicas, "max_replicas": i.max_replicas,
+                                       "target_ongoing_requests": i.target_ongoing_requests}})
     return serve.deployment(serve.ingress(api)(IngressRoutes)).options(
-        name=INGRESS_DEPLOYMENT, num_replicas=config.ingress.replicas,
-        # On the head node, next to the Serve controller and the central scheduler actor.
-        ray_actor_options={"num_cpus": config.replicas.ingress_num_cpus, "resources": {HEAD_NODE_RESOURCE: 0.001}},
+        name=INGRESS_DEPLOYMENT, **scaling,
+        ray_actor_options={"num_cpus": config.replicas.ingress_num_cpus, "resources": dict(i.resources)},
         max_ongoing_requests=1024,
         health_check_period_s=config.replicas.health_check_period_s,
     )

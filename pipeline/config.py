@@ -73,14 +73,26 @@ class RetrieverSettings(_Section):
         "once when another event comes, such as the end of retrieval): a progressive search refines "
         "its result tens of ms apart, and each refinement prefilled is work the next makes useless. "
         "0: prefill every replacement as it comes."))
-    num_cpus: float = Field(0.0, ge=0, description="CPUs of each retriever actor.")
+    pool_size: int = Field(1, ge=1, description=(
+        "Retriever actors per kind (crawler, replay, vector per top-k), shared by every ingress replica; "
+        "each call the ingress hands out goes to the next of them in turn."))
+    num_cpus: float = Field(0.0, ge=0, description=(
+        "CPUs of each retriever actor (0 here: 2 cores go to the engine replicas; give them real CPUs "
+        "on a cluster, deploy/serve.yaml)."))
+    resources: dict[str, float] = Field(default_factory=dict, description=(
+        "Custom Ray resources of each retriever actor: a resource of the engine nodes places them beside "
+        "the replicas that pull their streams."))
     vector_num_gpus: float = Field(0.0, ge=0, le=1, description=(
         "GPU share of the vector actor: > 0 runs FAISS (faiss-gpu) and the query embedder on the GPU "
         "Ray assigns it. A share of a replica's GPU needs that replica's gpu_memory_utilization lowered."))
 
     def vector_actor_options(self) -> dict:
         """Ray options of the vector actor: its GPU share is accounted for by Ray, not taken blindly."""
-        return {"num_cpus": self.num_cpus, "num_gpus": self.vector_num_gpus}
+        return {**self.actor_options(), "num_gpus": self.vector_num_gpus}
+
+    def actor_options(self) -> dict:
+        """Ray options of every retriever actor."""
+        return {"num_cpus": self.num_cpus, "resources": dict(self.resources)}
 
     @property
     def vector_on_gpu(self) -> bool:
@@ -141,6 +153,14 @@ class IngressSettings(_Section):
     replicas: int = Field(1, ge=1, description=(
         "HTTP ingress replicas. Any replica serves any session (session records live in shard actors, "
         "answers on the engine replicas), so more replicas add throughput and survive an ingress death."))
+    resources: dict[str, float] = Field(default_factory=dict, description=(
+        "Custom Ray resources of each ingress replica: a CPU node type's resource keeps them on CPU nodes "
+        "(none: Ray places them on any node with room; they are not pinned to the head)."))
+    max_replicas: int | None = Field(None, ge=1, description=(
+        "Autoscale the ingress between `replicas` and this by Serve's ongoing-request count (None: "
+        "a fixed `replicas`)."))
+    target_ongoing_requests: float = Field(64.0, gt=0, description=(
+        "Open HTTP requests (SSE streams included) per ingress replica that Serve's autoscaler aims at."))
     session_shards: int = Field(4, ge=1, description=(
         "Actors holding streaming-input session records; a session's shard is a hash of its id, so "
         "changing this on a redeploy makes the sessions open at the time unknown (404)."))

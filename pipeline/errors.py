@@ -82,6 +82,14 @@ class AnswerNotReproducible(PipelineError):
     status = 409
 
 
+class AnswerDiverged(PipelineError):
+    """A replica was lost mid-answer and the answer regenerated on another one differs from the
+    tokens the client already has (its context was rebuilt differently, e.g. a retrieval that
+    returned other pages when run again): the answer cannot be continued, the client must ask again."""
+
+    status = 409
+
+
 class ModelNotFound(PipelineError):
     status = 404
 

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.replica.answers import AnswerCancelled, AnswerEnd, AnswerLog, AnswerLogs, AnswerPiece
+from pipeline.errors import AnswerDiverged
 from pipeline.ingress.flows import answer_event_id, parse_event_id
 from pipeline.replica.context import ContextLimits, coalesce, pump, settle_replacements
 from pipeline.control.router import _waits_for
@@ -66,6 +67,8 @@ def test_pump_prefills_pieces_and_yields_summaries_without_text():
     assert out[0][1]["sources"][0]["source_id"] == "s1" and "text" not in out[0][1]
     assert out[2][1]["mode"] == "replace" and out[2][1]["context_tokens"] == len(engine.context)
     assert "exceeds the limit of 20" in out[3][1]["reason"]
+    keys = [data.get("key") for _, data in out]  # content identities: a rerun is matched by these
+    assert all(keys[:4]) and len(set(keys[:4])) == 4 and keys[4] is None
 
 
 def test_pump_counts_the_chunk_limit():
@@ -145,6 +148,27 @@ def test_answer_log_resumes_from_a_token_cursor():
     assert [i.token_ids for i in full[:-1]] == [[10, 11], [12]] and full[-1].stats["output_tokens"] == 3
     assert [i.token_ids for i in part[:-1]] == [[11], [12]] and [i.tokens for i in part] == [2, 3, 3]
     assert part[0].text == "" and full[0].text == "ab"  # a cut piece drops its text (it spans tokens)
+
+
+def test_a_regenerated_answer_is_checked_token_by_token_against_what_was_sent():
+    async def answer():
+        yield AnswerPiece("ab", [10, 11])
+        yield AnswerPiece("cd", [12, 13])
+        yield AnswerEnd({"output_tokens": 4})
+
+    async def go(expect):
+        log = AnswerLog(answer(), grace_s=1.0)
+        try:
+            return [i async for i in log.tail(expect=expect)]
+        except AnswerDiverged as e:
+            return e
+
+    same = _run(go([10, 11, 12]))
+    assert [i.token_ids for i in same[:-1]] == [[13]] and [i.tokens for i in same] == [4, 4]
+    differs = _run(go([10, 99, 12]))
+    assert isinstance(differs, AnswerDiverged) and "at token 1 (sent 99, regenerated 11)" in str(differs)
+    shorter = _run(go([10, 11, 12, 13, 14]))
+    assert isinstance(shorter, AnswerDiverged) and "ended after 4 tokens" in str(shorter)
 
 
 def test_answer_nobody_reads_is_cancelled_after_the_grace_period():

@@ -1,7 +1,9 @@
 """Multi-node on one machine (`ray.cluster_utils.Cluster`), cluster.yaml validation, bearer auth.
 
-Head node: Serve controller, HTTP proxy, ingress, the central scheduler actor and the session
-records' shards (0 CPUs).
+Head node: Serve controller and HTTP proxy (0 CPUs); the head is not the data plane.
+A CPU node (0 CPUs here) advertises `cpu_node`, which the ingress replicas ask for, and the control
+resource (`pipeline.control.home.CONTROL_RESOURCE`), which places the central scheduler actor and
+the session records' shards there (by resource, not by node id).
 Two worker nodes advertise the custom resource `engine_node`; each replica asks for one, so the
 two replicas land on different nodes and every session's chunks cross nodes (ingress -> replica).
 The last two tests remove a worker node each (its replica dies with it; the last one adds a node
@@ -17,6 +19,7 @@ import pytest
 import ray
 import yaml
 
+from pipeline.control.home import CONTROL_RESOURCE
 from pipeline_fixtures import REPO, cluster_view, parse_sse, serve_app, tiny_config, wait_until
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.random_order(disabled=True)]
@@ -29,33 +32,35 @@ def multinode():
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cpu_node = cluster.add_node(num_cpus=0, resources={"cpu_node": 1, CONTROL_RESOURCE: 1})
     workers = [cluster.add_node(num_cpus=1, resources={"engine_node": 1}) for _ in range(2)]
-    config = tiny_config(replicas={"resources": {"engine_node": 1}}, auth={"bearer_tokens": [TOKEN]})
+    config = tiny_config(replicas={"resources": {"engine_node": 1}}, ingress={"resources": {"cpu_node": 0.001}},
+                         auth={"bearer_tokens": [TOKEN]})
     try:
         with serve_app(config, address=cluster.address) as base:
-            yield base, cluster, [w.node_id for w in workers]
+            yield base, cluster, [w.node_id for w in workers], cpu_node.node_id
     finally:
         cluster.shutdown()
 
 
-def test_replicas_on_different_worker_nodes_and_scheduler_on_head(multinode):
-    base, cluster, worker_ids = multinode
+def test_replicas_on_worker_nodes_and_control_plane_placed_by_resource_off_the_head(multinode):
+    base, cluster, worker_ids, cpu_node = multinode
     replicas = httpx.get(f"{base}/v1/cluster", headers=AUTH, timeout=30).json()["replicas"]
     nodes = sorted(r["node_id"] for r in replicas.values())
     assert nodes == sorted(worker_ids)
     scheduler = ray.get_actor("stream2llm_scheduler", namespace="stream2llm")
-    assert ray.get(scheduler.ping.remote())["node_id"] == cluster.head_node.node_id
+    assert ray.get(scheduler.ping.remote())["node_id"] == cpu_node != cluster.head_node.node_id
     from ray._private.state import actors  # the GCS's actor table (the state API needs the dashboard)
 
     ingress = [a for a in actors().values() if a["State"] == "ALIVE" and a["ActorClassName"].endswith(":Ingress")]
-    assert ingress and {a["Address"]["NodeID"] for a in ingress} == {cluster.head_node.node_id}
+    assert ingress and {a["Address"]["NodeID"] for a in ingress} == {cpu_node}
     # the session records too: a worker node's removal must not take them along
     shards = [a for a in actors().values() if a["State"] == "ALIVE" and a["ActorClassName"].endswith("SessionShard")]
-    assert shards and {a["Address"]["NodeID"] for a in shards} == {cluster.head_node.node_id}, shards
+    assert shards and {a["Address"]["NodeID"] for a in shards} == {cpu_node}, shards
 
 
 def test_session_stream_crosses_nodes(multinode):
-    base, cluster, worker_ids = multinode
+    base, cluster, worker_ids, _ = multinode
     opened = httpx.post(f"{base}/v1/streams", json={}, headers=AUTH, timeout=60).json()
     assert opened["node_id"] in worker_ids and opened["node_id"] != cluster.head_node.node_id
     sid = opened["session_id"]
@@ -70,7 +75,7 @@ def test_session_stream_crosses_nodes(multinode):
 
 
 def test_bearer_token_auth(multinode):
-    base, _, _ = multinode
+    base, _, _, _ = multinode
     assert httpx.get(f"{base}/healthz").status_code == 200  # health stays public
     r = httpx.get(f"{base}/v1/models")
     assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
@@ -123,7 +128,7 @@ def test_cluster_yaml_ships_this_checkout_and_runs_real_files():
 def test_worker_node_removed_mid_session_the_session_answers_on_the_other_node(multinode):
     """A node-removal drill: the session's context is replayed on the surviving node's replica and
     answered there; nothing already accepted is lost."""
-    base, cluster, worker_ids = multinode
+    base, cluster, worker_ids, _ = multinode
     opened = httpx.post(f"{base}/v1/streams", json={}, headers=AUTH, timeout=60).json()
     sid, node = opened["session_id"], opened["node_id"]
     for i in range(2):
@@ -146,9 +151,9 @@ def test_worker_node_removed_under_load_every_session_is_answered_or_rejected(mu
     nodes, and the node holding the most of them is removed while their answers stream: every
     session is answered (where it was, or recovered on the other node) or rejected with 429, none is
     lost, and no session or KV block is left behind."""
-    base, cluster, _ = multinode
+    base, cluster, _, cpu_node = multinode
     joined = cluster.add_node(num_cpus=1, resources={"engine_node": 1})
-    nodes = {n.node_id for n in cluster.worker_nodes}
+    nodes = {n.node_id for n in cluster.worker_nodes} - {cpu_node}
     wait_until(lambda: {r["node_id"] for r in cluster_view(base, AUTH)["replicas"].values()} == nodes, timeout=300)
     assert joined.node_id in nodes
     baseline_kv = sum(r["kv_blocks_used"] for r in cluster_view(base, AUTH)["replicas"].values())

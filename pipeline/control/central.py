@@ -1,4 +1,5 @@
-"""Wiring of the central memory-contention scheduler: a named, restartable Ray actor on the head node.
+"""Wiring of the central memory-contention scheduler: a named, restartable Ray actor on the control
+node (`pipeline.control.home`).
 
 The logic lives in `scheduler.admission` (pure). This actor adds waiting: an admission that cannot
 be placed at once waits (bounded queue) until a replica report or a released session makes room,
@@ -22,13 +23,12 @@ import time
 from dataclasses import asdict
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from pipeline.control.home import control_placement
 from scheduler.admission import AdmissionController, DemandModel, ReplicaReport, UnknownSessionError
 
 NAMESPACE = "stream2llm"
 ONESHOT_SOURCE = "oneshot"
-HEAD_NODE_RESOURCE = "node:__internal_head__"  # Ray gives the head node this resource (amount 1)
 
 
 class SchedulerUnavailable(RuntimeError):
@@ -219,23 +219,8 @@ class CentralScheduler:
                 for rid, r in self._ctl.reports().items() if rid in live}
 
 
-def head_node_id() -> str | None:
-    for node in ray.nodes():
-        if node.get("Alive") and HEAD_NODE_RESOURCE in node.get("Resources", {}):
-            return node["NodeID"]
-    return None
-
-
-def on_head_node():
-    """The scheduling strategy of the actors whose state must outlive any worker node (the central
-    scheduler, the session records). Hard affinity: a soft one let Ray place them on a worker node
-    (seen in the node-removal drill, which then lost its session's record)."""
-    head = head_node_id()
-    return NodeAffinitySchedulingStrategy(head, soft=False) if head else "DEFAULT"
-
-
 def get_or_create_scheduler(config):
-    """The one central actor on the head node, created by whoever asks first (ingress or replica).
+    """The one central actor, on the control node (`pipeline.control.home`), created by whoever asks first (ingress or replica).
 
     Publishes this config's settings and applies them to a running actor; call it again to
     re-resolve the handle (e.g. after the actor was killed for good).
@@ -247,7 +232,7 @@ def get_or_create_scheduler(config):
     _internal_kv_put(_kv_key(s.actor_name), json.dumps(settings).encode(), overwrite=True, namespace=NAMESPACE)
     handle = CentralScheduler.options(
         name=s.actor_name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-        num_cpus=config.replicas.scheduler_num_cpus, scheduling_strategy=on_head_node(),
+        num_cpus=config.replicas.scheduler_num_cpus, **control_placement(),
     ).remote(settings["priors"], settings["max_queue"], settings["stale_after_s"], settings["reserve_frac"])
     handle.configure.remote(settings)
     return handle

@@ -196,20 +196,11 @@ async def context_items(ctx: FlowContext, session: SessionLog, events, add):
 
 
 async def _replica_context(ctx: FlowContext, session: SessionLog, call):
+    """The replica's summaries (the client's citations kept by `ctx.client.stream_context`)."""
     async for name, data in ctx.client.stream_context(session, call):
         if name == "context":
-            _cite(session, data["mode"], data["sources"])
-            session.retrieved_chunks += 1
             ctx.metrics.replica_chunks.inc()
-            session.context_tokens = data["context_tokens"]
         yield name, data
-
-
-def _cite(session: SessionLog, op: ContextOp, sources: list[dict]) -> None:
-    if op == ContextOp.APPEND:
-        session.sources.extend(sources)
-    else:
-        session.sources[:] = sources
 
 
 async def context_event(ctx: FlowContext, session: SessionLog, event, add):
@@ -230,5 +221,5 @@ async def context_event(ctx: FlowContext, session: SessionLog, event, add):
         if not isinstance(unwrap(e), (LimitExceeded, ContextLimitExceeded)):
             raise
         return "context_skipped", {"mode": op, "sources": citation(event), "reason": str(unwrap(e))}
-    _cite(session, op, citation(event))
+    session.cite(op, citation(event))
     return "context", {"mode": op, "sources": citation(event), "context_tokens": tokens}

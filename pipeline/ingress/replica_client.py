@@ -8,11 +8,14 @@ its context log replayed there; the final event then says `recovered`.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from engine.api import SessionNotFoundError
 from pipeline.control.central_client import CentralClient
 from pipeline.ingress.cleanup import cleanup
-from pipeline.errors import AnswerNotReproducible, NeverFits, admission_error, is_replica_gone, unwrap
+from pipeline.errors import (AnswerDiverged, AnswerNotReproducible, NeverFits, admission_error,
+                             is_replica_gone, unwrap)
+from pipeline.replica.answers import AnswerPiece
 from pipeline.sessions.log import SessionLog, new_session_id
 from stream2llm.data.traces import ContextOp
 
@@ -135,10 +138,11 @@ class EngineClient:
             await self._scheduler.replica_died.remote(old)
         _, replica_id = await self.admit(session.source_type, exclude=[old], session_id=session.session_id)
         await self._open_on(session, replica_id)
-        if session.retrieval_done:
+        if session.retrieval_done:  # run again, into the new replica (the client has its events)
+            session.restart_retrieval()
             async for name, data in self._context_stream(session, session.retrieval):
-                if name == "context":
-                    session.context_tokens = data["context_tokens"]
+                data.pop("key", None)
+                session.note_retrieved(name, data)
         for op, text in session.replay_ops():  # to where the open landed, not where it was placed
             session.context_tokens = await self._handle.change_context.remote(session.session_id, op, text,
                                                                               route_to=session.replica_id)
@@ -149,18 +153,25 @@ class EngineClient:
             session.session_id, call, route_to=session.replica_id)
 
     async def stream_context(self, session: SessionLog, call):
-        """The replica pulls the retriever's stream into the session; yields its summaries. A lost
-        replica: the retrieval runs again on another one, and only events not yet sent are yielded."""
+        """The replica pulls the retriever's stream into the session; yields its summaries and keeps
+        the session's citations. A lost replica: the retrieval runs again on another one, which
+        may differ from the first run; events are matched by identity (the replica's content hash
+        of each piece, `pipeline.replica.context.chunk_key`, counted with repeats), so the caller
+        gets every piece of the new run it has not had, whatever its position, and nothing twice.
+        The citations become the new run's: what the answer's replica holds."""
         session.retrieval = call
-        sent = 0
+        sent: Counter = Counter()
         for attempt in range(MAX_RECOVERIES + 1):
-            seen = 0
+            run: Counter = Counter()
+            session.restart_retrieval()
             try:
-                async for item in self._context_stream(session, call):
-                    seen += 1
-                    if seen > sent:
-                        sent = seen
-                        yield item
+                async for name, data in self._context_stream(session, call):
+                    key = (name, data.pop("key", None))
+                    run[key] += 1
+                    session.note_retrieved(name, data)
+                    if run[key] > sent[key]:
+                        sent[key] += 1
+                        yield name, data
                 session.retrieval_done = True
                 return
             except Exception as e:
@@ -168,20 +179,26 @@ class EngineClient:
 
     async def finish(self, session: SessionLog, question: str, sampling: dict):
         """Yield `AnswerPiece`s then the `AnswerEnd`. A replica lost mid-answer is recovered and the
-        answer resumes after the tokens already sent, when it is reproducible (greedy or seeded)."""
-        sent = 0
+        answer regenerated when it is reproducible (greedy or seeded); the new replica checks its
+        answer token by token against the tokens already sent before it sends the rest, and a
+        difference ends the answer with `AnswerDiverged` (its context was rebuilt otherwise)."""
+        sent: list[int] = []
         for attempt in range(MAX_RECOVERIES + 1):
             stream = self._handle.options(stream=True).finish.remote(
-                session.session_id, question, sampling, after_tokens=sent, route_to=session.replica_id)
+                session.session_id, question, sampling, expect=list(sent) if sent else None,
+                route_to=session.replica_id)
             try:
                 async for item in stream:
-                    sent = item.tokens or sent
+                    if isinstance(item, AnswerPiece):
+                        sent.extend(item.token_ids)
                     yield item
                 return
             except Exception as e:
+                if isinstance(unwrap(e), AnswerDiverged):
+                    raise unwrap(e) from None
                 if sent and _retryable(e, attempt) and not reproducible(sampling):
                     raise AnswerNotReproducible(
-                        f"replica {session.replica_id} was lost after {sent} answer tokens and the sampling "
+                        f"replica {session.replica_id} was lost after {len(sent)} answer tokens and the sampling "
                         "is neither greedy nor seeded: ask again") from None
                 await self._recover_or_raise(session, e, attempt)
 

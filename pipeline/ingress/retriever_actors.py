@@ -6,15 +6,26 @@ actor's streaming generator itself (`pipeline.replica.context`): chunk text goes
 replica and never through the ingress. `stream` consumes the same call locally (the one-shot
 baseline, which buffers its prompt before generating). With `retrievers.crawler_site: local` the pipeline starts
 the offline corpus web site (loopback only) in a small actor and crawls/searches it.
+
+The actors are a pool shared by every ingress replica, not owned by one: named, detached actors
+(`retrievers.pool_size` per kind, with `retrievers.num_cpus` and `retrievers.resources` each, so
+they can sit beside the engine replicas), which outlive any ingress replica. Their names carry a
+digest of their settings: a redeploy with other settings gets new actors and removes the old ones.
+The local site listens on its node's loopback, so the crawlers that fetch it are placed on its node.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import itertools
+import json
 from pathlib import Path
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from pipeline.control.central import NAMESPACE
 from pipeline.errors import BadRequest, SourceUnavailable
 from pipeline.replica.context import RetrieverCall, pull
 
@@ -35,13 +46,16 @@ class LocalSiteActor:
             self._site = LocalSite(SiteConfig(latency_scale=latency_scale))
             await self._site.__aenter__()
         s = self._site
-        return {"base_url": s.base_url, "search_url": s.search_url, "allowlist": s.allowlist_entry}
+        return {"base_url": s.base_url, "search_url": s.search_url, "allowlist": s.allowlist_entry,
+                "node_id": ray.get_runtime_context().get_node_id()}
 
 
 class RetrieverActors:
     def __init__(self, config):
         self._settings = config.retrievers
-        self._actors: dict[str, object] = {}
+        self._prefix = f"{config.scheduler.actor_name}_retriever"
+        self._pools: dict[str, list] = {}
+        self._turn = itertools.count()
         self._site: dict | None = None
         self._lock = asyncio.Lock()
 
@@ -69,7 +83,7 @@ class RetrieverActors:
 
     async def _crawler(self):
         async with self._lock:
-            if "crawler" not in self._actors:
+            if "crawler" not in self._pools:
                 from retrievers.crawler_config import CrawlerConfig
                 from retrievers.ray_actors import CrawlerActor
 
@@ -77,9 +91,36 @@ class RetrieverActors:
                 allowlist = list(self._settings.crawler_allowlist) + ([site["allowlist"]] if site else [])
                 config = CrawlerConfig(search_url=f"{self._site_base()}/search",
                                        max_pages=self._settings.crawler_max_pages, allowlist=tuple(allowlist))
-                self._actors["crawler"] = CrawlerActor.options(num_cpus=self._settings.num_cpus,
-                                                                    **RESTART).remote(config)
-            return self._actors["crawler"]
+                # the local site answers on its node's loopback only: its crawlers run there
+                near = {"scheduling_strategy": NodeAffinitySchedulingStrategy(site["node_id"], soft=False)} if site else {}
+                self._pools["crawler"] = self._pool("crawler", CrawlerActor, (config,), {**self._actor_options(), **near})
+        return self._pick("crawler")
+
+    def _actor_options(self) -> dict:
+        return {**self._settings.actor_options(), **RESTART}
+
+    def _pool(self, kind: str, cls, args: tuple, options: dict, size: int | None = None) -> list:
+        """`size` (default `pool_size`) named detached actors of `kind`, created here unless they
+        exist; actors of this kind with other settings (an earlier deployment's) are removed."""
+        plain = {k: v for k, v in options.items() if k != "scheduling_strategy"}  # no object reprs
+        digest = hashlib.blake2b(json.dumps([repr(args), plain], sort_keys=True, default=str).encode(),
+                                 digest_size=4).hexdigest()
+        stem = f"{self._prefix}_{kind}_"
+        for named in ray.util.list_named_actors(all_namespaces=True):
+            name = named["name"]
+            if named["namespace"] == NAMESPACE and name.startswith(stem) and not name.startswith(f"{stem}{digest}_"):
+                try:
+                    ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+                except ValueError:  # gone meanwhile
+                    pass
+        return [cls.options(name=f"{stem}{digest}_{i}", namespace=NAMESPACE, lifetime="detached",
+                            get_if_exists=True, **options).remote(*args)
+                for i in range(size or self._settings.pool_size)]
+
+    def _pick(self, kind: str):
+        """The pool's actors in turn."""
+        pool = self._pools[kind]
+        return pool[next(self._turn) % len(pool)]
 
     def _site_base(self) -> str:
         return (self._site["base_url"] if self._site else self._settings.crawler_site).rstrip("/")
@@ -92,33 +133,32 @@ class RetrieverActors:
         if self._settings.crawler_site != "local":
             return None
         if self._site is None:
-            actor = LocalSiteActor.remote()
-            self._actors["site"] = actor
+            [actor] = self._pool("site", LocalSiteActor, (), {"num_cpus": 0, **RESTART}, size=1)
             self._site = await actor.start.remote(self._settings.site_latency_scale)
         return self._site
 
     async def _vector(self, k: int):
-        key = f"vector-{k}"
+        key = f"vector{k}"
         async with self._lock:
-            if key not in self._actors:
+            if key not in self._pools:
                 from retrievers.ray_actors import VectorActor
                 from retrievers.vector_index import IndexSpec, index_dir
 
                 path = Path(self._settings.vector_index or index_dir(IndexSpec()))
                 if not path.exists():
                     raise SourceUnavailable(f"no vector index at {path}; build it with `stream2llm index`")
-                self._actors[key] = VectorActor.options(**self._settings.vector_actor_options(), **RESTART).remote(
-                    str(path), k, use_gpu=self._settings.vector_on_gpu)
-            return self._actors[key]
+                self._pools[key] = self._pool(key, VectorActor, (str(path), k, None, self._settings.vector_on_gpu),
+                                              {**self._settings.vector_actor_options(), **RESTART})
+        return self._pick(key)
 
     async def _replay(self, name: str):
         from retrievers.ray_actors import ReplayActor
 
         trace = load_trace(self._trace_dir(), name)
-        if "replay" not in self._actors:
-            self._actors["replay"] = ReplayActor.options(num_cpus=self._settings.num_cpus, **RESTART).remote(
-                self._settings.trace_multiplier)
-        return RetrieverCall(self._actors["replay"], (trace,))
+        if "replay" not in self._pools:
+            self._pools["replay"] = self._pool("replay", ReplayActor, (self._settings.trace_multiplier,),
+                                               self._actor_options())
+        return RetrieverCall(self._pick("replay"), (trace,))
 
     def _trace_dir(self) -> Path:
         if self._settings.trace_dir:

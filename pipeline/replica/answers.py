@@ -16,6 +16,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from pipeline.errors import AnswerDiverged
+
 
 @dataclass(frozen=True)
 class AnswerPiece:
@@ -72,9 +74,14 @@ class AnswerLog:
         event, self._changed = self._changed, asyncio.Event()
         event.set()
 
-    async def tail(self, after_tokens: int = 0) -> AsyncIterator[AnswerPiece | AnswerEnd]:
+    async def tail(self, after_tokens: int = 0,
+                   expect: list[int] | None = None) -> AsyncIterator[AnswerPiece | AnswerEnd]:
         """Pieces after the first `after_tokens` answer tokens (a straddling piece is cut), then the
-        `AnswerEnd`. Each item carries `tokens`: the answer tokens up to and including it."""
+        `AnswerEnd`. Each item carries `tokens`: the answer tokens up to and including it. With
+        `expect` (the tokens a client already has of an answer regenerated here after its replica
+        was lost), the cursor is `len(expect)` and the answer's first tokens are checked against it
+        one by one: at the first difference the answer is cancelled and `AnswerDiverged` raised."""
+        after_tokens = len(expect) if expect is not None else after_tokens
         self._watchers += 1
         try:
             i, seen = 0, 0
@@ -82,6 +89,8 @@ class AnswerLog:
                 if i < len(self.items):
                     item, i = self.items[i], i + 1
                     ids = item.token_ids
+                    if expect is not None and seen < after_tokens:
+                        self._check(expect, seen, ids)
                     seen += len(ids)
                     if seen > after_tokens:
                         skip = max(0, len(ids) - (seen - after_tokens))
@@ -93,11 +102,22 @@ class AnswerLog:
                 await self._changed.wait()
             if self.error is not None:
                 raise self.error if isinstance(self.error, Exception) else AnswerCancelled()
+            if seen < after_tokens and expect is not None:
+                raise AnswerDiverged(f"the regenerated answer ended after {seen} tokens; the client already "
+                                     f"has {after_tokens}: ask again")
             yield AnswerEnd(self.stats or {}, seen)
         finally:
             self._watchers -= 1
             if self._watchers == 0 and not self.done:
                 self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    def _check(self, expect: list[int], start: int, ids: list[int]) -> None:
+        """`ids`, the answer's tokens from position `start`, against the `expect`ed ones there."""
+        for k, (got, sent) in enumerate(zip(ids, expect[start:])):
+            if got != sent:
+                self._task.cancel()
+                raise AnswerDiverged(f"the answer regenerated after its replica was lost differs from the one "
+                                     f"being sent at token {start + k} (sent {sent}, regenerated {got}): ask again")
 
     async def _reap(self) -> None:
         await asyncio.sleep(self._grace_s)

@@ -11,6 +11,7 @@ actor -> replica.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -119,14 +120,24 @@ class ContextLimits:
     max_context_tokens: int
 
 
+def chunk_key(*parts: str) -> str:
+    """A retrieved piece's identity: a hash of its content (the change's op and text, or a source
+    error's source and reason). A retrieval run again after a lost replica may differ from the
+    first run (a page changed, a search ranked otherwise): the ingress compares these keys to tell
+    the client only what it has not seen yet, which counting events cannot do."""
+    return hashlib.blake2b("\0".join(parts).encode(), digest_size=12).hexdigest()
+
+
 async def pump(engine, tokenize: Tokenizer, session_id: str, header: str, events: AsyncIterator,
                limits: ContextLimits) -> AsyncIterator[tuple[str, dict]]:
-    """Prefill the header, then each retrieved piece as it arrives; yield (event, data) summaries."""
+    """Prefill the header, then each retrieved piece as it arrives; yield (event, data) summaries,
+    each piece's with its `key` (`chunk_key`)."""
     chunks = 0
     await engine.append(session_id, token_ids=await tokenize(header))
     async for event in events:
         if isinstance(event, SourceError):
-            yield "source_error", {"source": event.source, "reason": event.reason}
+            yield "source_error", {"source": event.source, "reason": event.reason,
+                                   "key": chunk_key("source_error", event.source, event.reason)}
         elif isinstance(event, Done):
             yield "retrieval_done", dict(event.summary)
             return
@@ -138,7 +149,7 @@ async def pump(engine, tokenize: Tokenizer, session_id: str, header: str, events
 
 async def _prefill(engine, tokenize, session_id, header, event, chunks, limits) -> tuple[str, dict]:
     op, text = context_change(event, header)
-    sources = citation(event)
+    sources, key = citation(event), chunk_key(op, text)
     ids = await tokenize(text)
     kept = engine.session_stats(session_id).context_tokens if op == ContextOp.APPEND else 0
     reason = None
@@ -150,10 +161,16 @@ async def _prefill(engine, tokenize, session_id, header, event, chunks, limits) 
     if reason is None:
         try:
             tokens = await engine.change_context(session_id, op, token_ids=ids)
-            return "context", {"mode": op, "sources": sources, "context_tokens": tokens}
+            return "context", {"mode": op, "sources": sources, "context_tokens": tokens, "key": key}
         except ContextTooLongError as e:  # the engine's own limit (model length)
             reason = str(e)
-    return "context_skipped", {"mode": op, "sources": sources, "reason": reason}
+    return "context_skipped", {"mode": op, "sources": sources, "reason": reason, "key": key}
+
+
+async def answer_pieces(deltas) -> AsyncIterator[AnswerPiece]:
+    """Engine `OutputDelta`s as the `AnswerPiece`s that cross Ray."""
+    async for delta in deltas:
+        yield AnswerPiece(delta.text, list(delta.token_ids), delta.finish_reason)
 
 
 async def coalesce(deltas: AsyncIterator, window_s: float = COALESCE_S, mergeable=None, merge=None) -> AsyncIterator:

@@ -18,13 +18,13 @@ import ray
 from ray import serve
 
 from engine.api import SamplingConfig, SessionNotFoundError
-from pipeline.replica.answers import AnswerEnd, AnswerLogs, AnswerPiece
+from pipeline.replica.answers import AnswerEnd, AnswerLogs
 from pipeline.control.central import get_or_create_scheduler
 from pipeline.control.central_client import drain_replica
 from pipeline.config import AppConfig
 from pipeline.errors import ContextLimitExceeded, SessionConflict, SessionGone, context_limit_errors
-from pipeline.replica.context import (ContextLimits, RetrieverCall, Tokenizer, coalesce, pull, pump,
-                                      settle_replacements)
+from pipeline.replica.context import (ContextLimits, RetrieverCall, Tokenizer, answer_pieces, coalesce, pull,
+                                      pump, settle_replacements)
 from pipeline.control.liveness import serve_actor_alive
 from pipeline.replica.session_owners import IDLE_BEFORE_CHECK_S, SessionOwners
 from stream2llm.data.traces import ContextOp
@@ -113,17 +113,18 @@ class EngineReplica:
             self._touch(session_id)
 
     async def finish(self, session_id: str, question: str, sampling: dict | None = None,
-                     after_tokens: int = 0, route_to=None):
-        """Start the answer (in a task of this replica) and stream it from `after_tokens` on:
-        coalesced `AnswerPiece`s, then one `AnswerEnd`; every item carries `tokens` (the answer's
-        tokens so far). A second finish of the session is a `SessionConflict` (409)."""
+                     expect: list[int] | None = None, route_to=None):
+        """Start the answer (in a task of this replica) and stream it: coalesced `AnswerPiece`s,
+        then one `AnswerEnd`; every item carries `tokens` (the answer's tokens so far). `expect`: the
+        tokens a client already has (this is a regeneration after a lost replica), checked one by
+        one before the rest follows (`AnswerLog.tail`). A second finish is a `SessionConflict` (409)."""
         if self._answers.get(session_id) is not None:
             raise SessionConflict(f"session {session_id} was already finished; reconnect with "
                                   "Last-Event-ID to get the rest of its answer")
         self._known(session_id)
         self._busy.add(session_id)
         log = self._answers.start(session_id, self._produce(session_id, question, sampling))
-        async for item in log.tail(after_tokens):
+        async for item in log.tail(expect=expect):
             yield item
 
     async def resume(self, session_id: str, after_tokens: int = 0, route_to=None):
@@ -140,7 +141,7 @@ class EngineReplica:
         try:
             with context_limit_errors():
                 deltas = self._engine.finish(session_id, question, sampling=SamplingConfig(**(sampling or {})))
-                async for item in coalesce(_items(deltas)):
+                async for item in coalesce(answer_pieces(deltas)):
                     yield item
             done = True
             yield AnswerEnd(self._session_stats(session_id))
@@ -159,7 +160,7 @@ class EngineReplica:
         deltas = self._engine.generate(prompt, token_ids=token_ids, sampling=SamplingConfig(**(sampling or {})),
                                        stats=stats, cache_salt=cache_salt)
         with context_limit_errors():
-            async for item in _items(deltas):
+            async for item in answer_pieces(deltas):
                 yield item
         yield AnswerEnd({**asdict(stats), "ttft_s": stats.ttft_s, "replica_id": self.replica_id})
 
@@ -312,8 +313,3 @@ class EngineReplica:
 def _is_text(item) -> bool:
     return isinstance(item, str)
 
-
-async def _items(deltas):
-    """Engine `OutputDelta`s as the `AnswerPiece`s that cross Ray."""
-    async for delta in deltas:
-        yield AnswerPiece(delta.text, list(delta.token_ids), delta.finish_reason)

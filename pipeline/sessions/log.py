@@ -2,7 +2,8 @@
 `pipeline.sessions.store`).
 
 The log records every client append/replace in order, so that a session whose replica dies can be
-replayed on another replica; a retriever source's context is rebuilt by running its call again.
+replayed on another replica; a retriever source's context is rebuilt by running its call again (its
+citations are then those of the new run: what the new replica holds).
 """
 
 from __future__ import annotations
@@ -40,6 +41,25 @@ class SessionLog:
 
     def touch(self) -> None:
         self.touched_at = time.monotonic()
+
+    def cite(self, op: ContextOp, sources: list[dict]) -> None:
+        """Citations after a change: an append adds its sources, a replace is the new set."""
+        if op == ContextOp.APPEND:
+            self.sources.extend(sources)
+        else:
+            self.sources[:] = sources
+
+    def note_retrieved(self, name: str, data: dict) -> None:
+        """A summary of a piece the replica prefilled from `retrieval` (citations, counts)."""
+        if name == "context":
+            self.cite(data["mode"], data["sources"])
+            self.retrieved_chunks += 1
+            self.context_tokens = data["context_tokens"]
+
+    def restart_retrieval(self) -> None:
+        """The retrieval runs again on a new replica: its citations are those of the new run."""
+        self.sources.clear()
+        self.retrieved_chunks = 0
 
     def replay_ops(self) -> list[tuple[ContextOp, str]]:
         """The smallest equivalent history: everything after the last replace."""

@@ -30,7 +30,8 @@ import time
 
 import ray
 
-from pipeline.control.central import NAMESPACE, on_head_node
+from pipeline.control.central import NAMESPACE
+from pipeline.control.home import control_placement
 from pipeline.control.liveness import serve_actor_alive
 from pipeline.errors import SessionConflict, SessionGone
 from pipeline.sessions.journal import SessionJournal, apply_change
@@ -180,12 +181,12 @@ class SessionStore:
 
     def __init__(self, config, owner: str | None = None):
         """`owner`: this ingress replica's actor name (what the shards ask about a claim it holds)."""
-        settings, strategy = config.ingress, on_head_node()
+        settings, placement = config.ingress, control_placement()
         self._owner = owner
         self._shards = [
             SessionShard.options(name=name, namespace=NAMESPACE,
                                  lifetime="detached", get_if_exists=True, num_cpus=0,
-                                 scheduling_strategy=strategy).remote(name, config.limits.session_ttl_s)
+                                 **placement).remote(name, config.limits.session_ttl_s)
             for name in (f"{config.scheduler.actor_name}_sessions_{i}" for i in range(settings.session_shards))]
         issued_at = time.time()
         for shard in self._shards:  # a redeploy's TTL reaches shards that already existed
