@@ -28,8 +28,8 @@ INGRESS_DEPLOYMENT = "Ingress"
 # Serve runs user code and a handle's router each on a thread of its own by default, so every
 # streamed piece (one per token) crosses Python threads, waiting for the GIL at each crossing (up to
 # its 5 ms switch interval while another thread runs). On the main loop instead, as Ray's
-# RAY_SERVE_THROUGHPUT_OPTIMIZED sets them: TTFT and TPOT of the OpenAI routes against plain
-# `vllm serve` in docs/BENCHMARKS.md ("OpenAI routes vs vllm serve"). Our code never blocks its loop.
+# RAY_SERVE_THROUGHPUT_OPTIMIZED sets them; our code never blocks its loop. The OpenAI routes against
+# plain `vllm serve`: docs/BENCHMARKS.md (its effect not yet measured apart from the machine's noise).
 SERVE_LOOP_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
 
