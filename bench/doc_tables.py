@@ -419,3 +419,22 @@ def readme_figures(engine: dict, long_gap: dict, pipe: dict, qa_data: dict, rel:
             f"{vector['identical_answers']}/{vector['questions']} identical answers in the two modes.\n"
             f"- `bench.reliability`: {c['offered']} sessions, {c['answered']} answered, {c['failed']} failed, "
             f"{c.get('lost', MISSING)} lost, {c['disconnected']} disconnected on purpose.")
+
+
+def vs_vllm_serve(data: dict) -> str:
+    """Our OpenAI routes / plain `vllm serve` per (route, rate): ratios, ours and vLLM's median TTFT and
+    TPOT (vLLM: mean of its two phases), then the worst ratios against their targets."""
+    rows = []
+    for c in data["cells"]:
+        r, ours = c["ratios"], c["ours"]
+        vllm = {k: (c["vllm_first"][k] + c["vllm_second"][k]) / 2 for k in ("median_ttft_ms", "median_tpot_ms")}
+        rows.append([c["route"], num(c["request_rate"]), f"{ms(ours['median_ttft_ms'])} / {ms(vllm['median_ttft_ms'])}",
+                     num(r["ttft_p50_ratio"]), num(r["ttft_p99_ratio"]),
+                     f"{ms(ours['median_tpot_ms'])} / {ms(vllm['median_tpot_ms'])}", num(r["tpot_p50_ratio"]),
+                     num(r["throughput_ratio"]), num(r["vllm_drift"])])
+    s = data["summary"]
+    worst = ", ".join(f"{k} {num(v)}" + (f" (target {s['targets'][k]}: {'met' if s['met'][k] else 'MISSED'})"
+                                         if k in s["targets"] else "") for k, v in s["worst"].items())
+    return "\n".join([table(["route", "req/s", "TTFT p50 ours / vLLM", "TTFT p50 ratio", "TTFT p99 ratio",
+                             "TPOT p50 ours / vLLM", "TPOT p50 ratio", "throughput ratio", "vLLM drift"], rows), "",
+                      f"Worst over cells: {worst}; failed requests {s['failed_requests']}."])

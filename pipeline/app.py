@@ -24,12 +24,28 @@ from pipeline.control.router import AffinityRouter
 ENGINE_DEPLOYMENT = "EngineReplica"
 INGRESS_DEPLOYMENT = "Ingress"
 
+# Serve runs user code and a handle's router each on a thread of its own by default, so every
+# streamed piece (one per token) crosses Python threads, waiting for the GIL at each crossing (up to
+# its 5 ms switch interval while another thread runs). On the main loop instead, as Ray's
+# RAY_SERVE_THROUGHPUT_OPTIMIZED sets them; our code never blocks its loop. The OpenAI routes against
+# plain `vllm serve`: docs/BENCHMARKS.md (its effect not yet measured apart from the machine's noise).
+SERVE_LOOP_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+
+
+def with_serve_loop_env(actor_options: dict) -> dict:
+    """`ray_actor_options` whose process gets `SERVE_LOOP_ENV` (its own env_vars win)."""
+    runtime_env = dict(actor_options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**SERVE_LOOP_ENV, **runtime_env.get("env_vars", {})}
+    return {**actor_options, "runtime_env": runtime_env}
+
 
 def engine_deployment(config: AppConfig):
     r = config.replicas
+    placement = config.placement().deployment_options()
     options = {
         "name": ENGINE_DEPLOYMENT,
-        **config.placement().deployment_options(),
+        **placement,
+        "ray_actor_options": with_serve_loop_env(placement["ray_actor_options"]),
         "max_ongoing_requests": r.max_ongoing_requests,
         "health_check_period_s": r.health_check_period_s,
         # Scale-down: the replica's shutdown drains its open sessions (central marks it draining).
@@ -58,7 +74,8 @@ def ingress_deployment(config: AppConfig):
                                        "target_ongoing_requests": i.target_ongoing_requests}})
     return serve.deployment(serve.ingress(api)(IngressRoutes)).options(
         name=INGRESS_DEPLOYMENT, **scaling,
-        ray_actor_options={"num_cpus": config.replicas.ingress_num_cpus, "resources": dict(i.resources)},
+        ray_actor_options=with_serve_loop_env({"num_cpus": config.replicas.ingress_num_cpus,
+                                               "resources": dict(i.resources)}),
         max_ongoing_requests=1024,
         health_check_period_s=config.replicas.health_check_period_s,
     )

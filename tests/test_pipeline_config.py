@@ -150,3 +150,15 @@ def test_cli_serve_print_config(capsys):
     assert '"model": "tiny"' in capsys.readouterr().out
     with pytest.raises(SystemExit):
         cli_serve.parse_overrides(["novalue"])
+
+
+def test_both_deployments_run_serve_user_code_and_routers_on_the_main_loop():
+    from pipeline.app import SERVE_LOOP_ENV, engine_deployment, ingress_deployment
+
+    c = AppConfig()
+    engine_env = engine_deployment(c).ray_actor_options["runtime_env"]["env_vars"]
+    assert engine_env["OMP_NUM_THREADS"] == "1"  # the CPU engine's own env is kept
+    for deployment in (engine_deployment(c), ingress_deployment(c)):
+        env = deployment.ray_actor_options["runtime_env"]["env_vars"]
+        assert {k: env[k] for k in SERVE_LOOP_ENV} == {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+                                                       "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}

@@ -34,11 +34,13 @@ def local_app(config: AppConfig, *, num_cpus: int | None = None, address: str | 
     import ray
     from ray import serve
 
-    from pipeline.app import build_app
+    from pipeline.app import SERVE_LOOP_ENV, build_app
 
     # Ray workers import this checkout's packages even when it is not installed.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), REPO) if p)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    for key, value in SERVE_LOOP_ENV.items():  # Serve's proxy when Ray starts here (replicas: their options)
+        os.environ.setdefault(key, value)
     port = port or free_port()
     if address is None:
         # "local": a Ray of its own, even when another cluster on this machine was started with `ray start`
