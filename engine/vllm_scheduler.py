@@ -147,23 +147,38 @@ class PolicySchedulerMixin:
         the common case on a GPU, the step costs the re-read of the changed requests only."""
         if with_work > min(self.max_num_running_reqs, self.max_num_active_reqs) or self.lora_config:
             return True  # LoRA: vLLM's max_loras may turn a request away, and order decides which
-        views, budget = self.book.views, self.step_budget
-        queued = [views[r.request_id] for queue in (self.running, self.kv_holding_waiting, self.waiting)
-                  for r in queue]
-        work, limit = 0, budget.max_num_tokens
-        for view in queued:
-            work += view.num_tokens_to_compute
-            if work > limit:
-                return True
-        return budget.early_allowance(queued, free) < limit
+        views, work, limit = self.book.views, 0, self.step_budget.max_num_tokens
+        for queue in (self.running, self.kv_holding_waiting, self.waiting):
+            for request in queue:
+                work += views[request.request_id].num_tokens_to_compute
+                if work > limit:
+                    return True  # under contention the walk ends after the budget's worth of requests
+        return self._early_allowance(free) < limit
+
+    def _early_allowance(self, free: int) -> int:
+        """`StepBudget.early_allowance` over vLLM's queues; without a completed prompt's view with
+        work (`ViewBook.clocks`) it is the whole budget, known without a walk of the queues."""
+        budget = self.step_budget
+        if budget.early_prefill_tokens is None or not self.book.clocks:
+            return budget.max_num_tokens
+        return budget.early_allowance(self._queued_views(), free)
+
+    def _queued_views(self):
+        """The views of vLLM's queued requests, running first."""
+        views = self.book.views
+        return (views[r.request_id] for queue in (self.running, self.kv_holding_waiting, self.waiting)
+                for r in queue)
 
     def _order_queues(self) -> None:
-        keys = self.book.keys  # cached per request until it changes: a sort costs no key computation
+        # The key of each request is cached until it changes (`ViewBook.keys`, keyed by the request
+        # object), so a sort costs a C-level dict lookup per request and the comparisons, no key
+        # computation and no Python call for a request that did not change.
+        key = self.book.keys.__getitem__
         if len(self.running) > 1:
-            self.running.sort(key=lambda r: keys[r.request_id])
+            self.running.sort(key=key)
         for queue in (self.kv_holding_waiting, self.waiting):
             if len(queue) > 1:
-                ranked = sorted(queue, key=lambda r: keys[r.request_id])
+                ranked = sorted(queue, key=key)
                 queue.clear()
                 queue.extend(ranked)
 
@@ -181,7 +196,7 @@ class PolicySchedulerMixin:
         one whose KV a connector is loading: vLLM notices the end of the load only in its queue."""
         budget, views = self.step_budget, self.book.views
         queues = (self.running, self.kv_holding_waiting, self.waiting)
-        left = budget.early_allowance((views[r.request_id] for queue in queues for r in queue), free)
+        left = self._early_allowance(free)
         if left >= budget.max_num_tokens:
             return
         for queue in queues:

@@ -112,17 +112,19 @@ def fill_view(view: RequestView, request, block_size: int) -> None:
 
 
 class _KeyCache(dict):
-    """Request id -> the policy's key of its view as last read: computed at the first sort that
+    """vLLM `Request` -> the policy's key of its view as last read: computed at the first sort that
     needs it and kept until the view is read again, so a sort of vLLM's queues costs a dict
-    lookup per request that did not change, not a key computation."""
+    lookup per request that did not change, not a key computation. Keyed by the request object
+    (hashed by identity), so that a sort's key is this dict's own `__getitem__`: no Python call
+    per request."""
 
     def __init__(self, book: "ViewBook"):
         super().__init__()
         self._views, self._policy_key = book.views, book.queue.policy.sort_key
 
-    def __missing__(self, request_id: str) -> tuple:
-        view = self._views[request_id]  # `PolicyQueue.key_for`, inlined (a call per changed request)
-        key = self[request_id] = (view.superseded, self._policy_key(view))
+    def __missing__(self, request) -> tuple:
+        view = self._views[request.request_id]  # `PolicyQueue.key_for`, inlined (a call per changed request)
+        key = self[request] = (view.superseded, self._policy_key(view))
         return key
 
 
@@ -141,7 +143,12 @@ class ViewBook:
         # KV loads in flight: re-read every step, as vLLM ends a load inside its own `schedule`
         self._loading: dict[str, object] = {}
         self._by_client_id: dict[str, str] = {}  # id the front end gave -> vLLM's internal id
-        self.keys = _KeyCache(self)  # request id -> the policy's key now: what vLLM's queues sort by
+        self.keys = _KeyCache(self)  # request -> the policy's key now: what vLLM's queues sort by
+        self._requests: dict[str, object] = {}  # request id -> vLLM's request, to drop its cached key
+        # Ids of the requests whose view (as last read) is complete with work: a completed prompt's
+        # clock runs. Views change only when read, so with none here no queued view has a running
+        # clock, and the early-prefill allowance is the whole budget without a walk of the queues.
+        self.clocks: set[str] = set()
 
     def open(self, request) -> None:
         """A request vLLM has not seen before: its arrival opens the session."""
@@ -150,6 +157,7 @@ class ViewBook:
         opened = min(arrival, extra.get(OPENED_ARG, arrival)) if extra else arrival
         view = RequestView(request.request_id, next(self._seq), opened, arrival, request.num_prompt_tokens)
         self.views[request.request_id] = view
+        self._requests[request.request_id] = request
         self._dirty[request.request_id] = request
         self._by_client_id[_client_id(request.request_id)] = request.request_id
         wanted = extra.get(SUPERSEDES_ARG) if extra else None
@@ -157,7 +165,7 @@ class ViewBook:
         if superseded is not None:
             superseded.superseded = True
             self.queue.touch(superseded)
-            self.keys.pop(superseded.request_id, None)
+            self._forget_key(superseded.request_id)
 
     def chunk(self, request, arrival: float) -> None:
         """The next turn of a streamed session arrived at `arrival` (vLLM's clock)."""
@@ -183,7 +191,9 @@ class ViewBook:
         self._put_aside.pop(request_id, None)
         self._unfiled.pop(request_id, None)
         self._loading.pop(request_id, None)
-        self.keys.pop(request_id, None)
+        self._forget_key(request_id)
+        self._requests.pop(request_id, None)
+        self.clocks.discard(request_id)
         if self._by_client_id.get(_client_id(request_id)) == request_id:
             del self._by_client_id[_client_id(request_id)]
         if view is not None:
@@ -210,7 +220,7 @@ class ViewBook:
         aside unread (they are in no queue), the others are read but left where they were in the
         policy's order, `key` giving their key afresh, until the next `refresh()` files them all."""
         views, block_size, aside, unfiled = self.views, self.block_size, self._put_aside, self._unfiled
-        forget_key = self.keys.pop
+        forget_key, clocks = self.keys.pop, self.clocks
         if self._loading:
             self._dirty.update(self._loading)
             self._loading.clear()
@@ -222,14 +232,23 @@ class ViewBook:
             view = views[request_id]
             fill_view(view, request, block_size)
             unfiled[request_id] = view
-            forget_key(request_id, None)
+            forget_key(request, None)
+            if view.complete and view.num_tokens_to_compute:
+                clocks.add(request_id)
+            elif clocks:  # most steps have no running clock: no set operation then
+                clocks.discard(request_id)
             if view.loading:
                 self._loading[request_id] = request
         self._dirty.clear()
 
     def key(self, request_id: str) -> tuple:
         """The policy's current key of a live request (as of the last `refresh` or `refresh_queued`)."""
-        return self.keys[request_id]
+        return self.keys[self._requests[request_id]]
+
+    def _forget_key(self, request_id: str) -> None:
+        request = self._requests.get(request_id)
+        if request is not None:
+            self.keys.pop(request, None)
 
     def __len__(self) -> int:
         return len(self.views)
