@@ -22,7 +22,6 @@ unless the engine's own slot or queue limit came first.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import threading
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from bench.results_meta import engine_dtype, start_run, write_results
+from bench.stats import percentile
 from pipeline.config import AppConfig
 from pipeline.run.local import local_app
 from stream2llm.paths import cache_path
@@ -153,14 +153,17 @@ def ramp(base: str) -> dict:
             "limit": limit, "pressure": p}
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
 def run(replicas: int, kv_mib: int, load_s: float) -> dict:
     with local_app(app_config(replicas, kv_mib), address="local", ready_replicas=replicas,
                    ready_timeout_s=600.0) as base:
         errors, counts = mixed_load(base, load_s)
         first = ramp(base)
-    q = statistics.quantiles(errors, n=20) if len(errors) >= 2 else [float("nan")] * 19
     return {"replicas": replicas, "samples": len(errors), "errors": [round(e, 4) for e in errors],
-            "error_p50": round(statistics.median(errors), 4) if errors else None, "error_p95": round(q[18], 4),
+            "error_p50": _rounded(percentile(errors, 50)), "error_p95": _rounded(percentile(errors, 95)),
             "requests": counts, "first_refusal": first}
 
 
@@ -175,12 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     meta = start_run(model="tiny", dtype=engine_dtype(None), seeds=[0])
     runs = [run(n, args.kv_mib, 20.0 if args.quick else args.load_s) for n in args.replicas]
     errors = [e for r in runs for e in r["errors"]]
-    q = statistics.quantiles(errors, n=20)
     lowest = min(runs, key=lambda r: r["first_refusal"]["real_kv_frac"])
     engine_limit = lowest["first_refusal"]["limit"] == "engine_queue"
     report = {
-        "projection_abs_error_p50": round(statistics.median(errors), 4),
-        "projection_abs_error_p95": round(q[18], 4),
+        "projection_abs_error_p50": _rounded(percentile(errors, 50)),
+        "projection_abs_error_p95": _rounded(percentile(errors, 95)),
         "real_kv_frac_at_first_429": lowest["first_refusal"]["real_kv_frac"],
         "first_429_limit": lowest["first_refusal"]["limit"],
         "targets": TARGETS,

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.results_meta import start_run, write_results
+from bench.stats import percentile
 from engine.config import EngineConfig
 from pipeline.config import ReplicaSettings, SchedulerSettings
 from scheduler.gpu_model import PRESETS
@@ -94,12 +95,12 @@ def run_cell(traces, cost, replicas: int, qps: float, arrivals: str, seed: int) 
                            router=router, router_settings=router_settings(seed, replicas), arrivals=arrivals)
         result = simulate(traces, config, cost)
         ttft, waits = np.asarray(result.ttft_s), result.extra["queue_waits_s"]
-        out[router] = {"ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99)),
+        out[router] = {"ttft_p50_s": float(percentile(ttft, 50)), "ttft_p99_s": float(percentile(ttft, 99)),
                        "goodput_frac": float(np.mean(ttft <= TTFT_SLO_S)),
                        "goodput_qps": float(np.mean(ttft <= TTFT_SLO_S)) * qps,
                        "preemptions": sum(result.preemptions.values()), "sessions": len(ttft),
                        "queued_frac": len(waits) / len(ttft),
-                       "queue_wait_p99_s": float(np.percentile(waits, 99)) if waits else 0.0,
+                       "queue_wait_p99_s": float(percentile(waits, 99)) if waits else 0.0,
                        **result.extra["router"], "wall_s": round(result.wall_s, 2)}
     return out
 
@@ -185,7 +186,7 @@ def fast_report_check(cells: dict, keys, seed: int) -> dict:
         config = SimConfig(EngineConfig().policy, PromptMode.STREAM, SimEngineConfig(KV_BLOCKS, BLOCK_SIZE),
                            cell["replicas"], cell["qps"], seed, router="central", router_settings=settings,
                            arrivals=cell["arrivals"])
-        out[key] = float(np.percentile(simulate(traces, config, cost).ttft_s, 99))
+        out[key] = float(percentile(simulate(traces, config, cost).ttft_s, 99))
     return out
 
 
