@@ -164,11 +164,13 @@ def why_missed(cells: dict, head: dict) -> dict:
                    "cells KV is not the contended resource (small contexts, prefill-bound): ranking by KV room "
                    "spreads prefills less evenly than round-robin does. `central_p99_with_fast_reports_s` reran "
                    f"those cells with reports every {FAST_REPORT_S} s."),
-        "what_would_reach_it": ("Untested with this room: break near-ties in room by load (the engine's running "
-                                "plus waiting sequences, or the sessions placed since the report), or pow2 among "
-                                "the replicas within a margin of the most room. A trial of such tie-breaks with "
-                                "the unreported sessions counted on top of the blocks used (not inside the "
-                                "accepted context, as now) did not lower the vector cells' ratio."),
+        "what_would_reach_it": ("Tried in trials of the 64-replica vector cells at 80% load, and not kept: "
+                                "ranking replicas within 1/8 of their capacity of each other's room by the "
+                                "engine's running sequences plus the sessions placed since the report (0.75 and "
+                                "0.80 of pow2's P99, against 0.62 and 0.70 without), and variants with the "
+                                "unreported sessions counted on top of the blocks used (0.95 to 1.11). Untested: "
+                                "pow2 among the replicas within a margin of the most room, or a prefill-queue "
+                                "signal in the reports (what the engine still has to prefill, in tokens)."),
     }
 
 
