@@ -158,21 +158,20 @@ def why_missed(cells: dict, head: dict) -> dict:
         "central_in_those_cells": {k: {f: c[f] for f in ("queued_frac", "queue_wait_p99_s", "preemptions",
                                                            "most_placed_between_reports")}
                                    for k, c in central.items()},
-        "reason": ("The central controller ranks replicas by KV room: the least of the projected-budget room and "
-                   "the real room (capacity less the blocks reported in use or held by reported context). A "
-                   "session placed since its replica's last report holds no reported blocks, so the real room, "
-                   "the binding term under overcommit 2, does not shrink with it, and the heap keeps returning the "
-                   "same replica: up to `most_placed_between_reports` sessions land on one replica between two of "
-                   "its reports, and their prefills queue on one engine. In the vector cells KV is not the "
-                   "contended resource (small contexts), so balancing KV room does nothing for TTFT while the "
-                   "count-based routers (pow2, round-robin) spread the prefills. Faster reports alone do not fix "
-                   "it: `central_p99_with_fast_reports_s` reran those cells with reports every "
-                   f"{FAST_REPORT_S} s."),
-        "what_would_reach_it": ("Untested proposals: count the projected size of sessions placed since a "
-                                "replica's last report in its real room, so the heap moves on after each "
-                                "placement; break near-ties in room by the engine's running plus waiting "
-                                "sequences (or pow2 among the replicas within a margin of the most room), so "
-                                "compute-bound sessions spread as the count-based routers spread them."),
+        "reason": ("The central controller ranks replicas by KV room. A session placed since its replica's last "
+                   "report counts its projected size in that replica's real room until a report lists it, so the "
+                   "heap moves on after each placement, yet up to `most_placed_between_reports` sessions still "
+                   "land on one replica between two of its reports while it keeps the most room. In the vector "
+                   "cells KV is not the contended resource (small contexts, prefill-bound): ranking by KV room "
+                   "spreads prefills less evenly than round-robin does. `central_p99_with_fast_reports_s` reran "
+                   f"those cells with reports every {FAST_REPORT_S} s."),
+        "what_would_reach_it": ("Tried in trials of the 64-replica vector cells at 80% load, and not kept: "
+                                "ranking replicas within 1/8 of their capacity of each other's room by the "
+                                "engine's running sequences plus the sessions placed since the report (0.75 and "
+                                "0.80 of pow2's P99, against 0.62 and 0.70 without), and variants with the "
+                                "unreported sessions counted on top of the blocks used (0.95 to 1.11). Untested: "
+                                "pow2 among the replicas within a margin of the most room, or a prefill-queue "
+                                "signal in the reports (what the engine still has to prefill, in tokens)."),
     }
 
 

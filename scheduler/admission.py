@@ -116,7 +116,7 @@ class AdmissionController(SlotGrants):
             if p is None or p.replica_id != rid:
                 continue  # placed elsewhere (a recovery moved it): its new replica wins
             r.take(p)
-            p.current_blocks, p.seen_at = blocks_for(tokens, report.block_size), now
+            p.current_blocks, p.seen_at, p.reported = blocks_for(tokens, report.block_size), now, True
             if not p.sized:  # projected from its size now and what its type has learned since
                 p.reserved_blocks = blocks_for(self.demand.expected_tokens(p.source_type, tokens),
                                                report.block_size)

@@ -3,7 +3,9 @@
 A replica's room for a new session is the least of two: the projected budget's room (its
 capacity times the overcommit factor, less the blocks used now plus what its sessions are still
 projected to grow by) and the real room (its capacity less the blocks really used, or held by
-context it accepted, whichever is more). None while its engine is saturated (a whole batch waits).
+context it accepted, whichever is more; a session placed since the replica's last report counts
+its projected size there until a report lists it). None while its engine is saturated (a whole
+batch waits).
 The central scheduler must not scan sessions or replicas on a hot path: each replica keeps its
 sums; cluster totals are kept as running sums over live replicas. The roomiest replica comes from
 a lazy max heap keyed by room: every change pushes a new entry with a new version, stale entries
@@ -65,6 +67,7 @@ class Placement:
     current_blocks: int = 0           # as the replica last reported
     slot: bool = False                # an admission slot nobody took yet (scheduler.admission_slots)
     sized: bool = False               # its size was given (one-shot requests), not projected
+    reported: bool = False            # a report listed it: its context is in the replica's figures
 
     @property
     def growth(self) -> int:
@@ -72,8 +75,12 @@ class Placement:
 
     @property
     def committed(self) -> int:
-        """Blocks it holds or surely will: its reported context, or its whole known size."""
-        return max(self.current_blocks, self.reserved_blocks) if self.sized else self.current_blocks
+        """Blocks it holds or surely will: its reported context, or its whole known size; until a
+        report lists it, its projected size (no figure of the replica's shows it yet, and without
+        it the roomiest replica would take every session placed before its next report)."""
+        if self.sized:
+            return max(self.current_blocks, self.reserved_blocks)
+        return self.current_blocks if self.reported else self.reserved_blocks
 
 
 @dataclass
@@ -84,7 +91,7 @@ class ReplicaState:
     placements: dict[str, Placement] = field(default_factory=dict)
     growth: int = 0                   # sum of the placements' growth
     footprint: int = 0                # sum of the placements' max(reserved, current) blocks
-    held: int = 0                     # sum of the placements' committed blocks
+    held: int = 0                     # sum of the placements' committed blocks (accepted context)
     draining: bool = False
     version: int = 0
     slots: int = 0                    # admission slots placed here and not yet taken
