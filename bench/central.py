@@ -286,7 +286,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     repeats = 1 if args.quick else args.repeats
     meta = start_run(model=None, dtype=None, seeds=list(range(repeats)))  # the open loop's arrivals
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, namespace="stream2llm")
+    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, namespace="stream2llm")
     try:
         report = run(5.0 if args.quick else 20.0, args.generators, args.concurrency,
                      repeats, args.slots)

@@ -159,3 +159,15 @@ def stop(head: subprocess.Popen, grace_s: float = 20.0) -> None:
     psutil.wait_procs(alive, timeout=10)
     with contextlib.suppress(subprocess.TimeoutExpired):
         head.wait(timeout=5)
+    _forget_address()
+
+
+def _forget_address() -> None:
+    """Remove the "current cluster" file our `ray start` wrote, as `ray stop` does: a later
+    `ray.init()` without an address reads it and takes this dead cluster for the one to join."""
+    from ray._common.utils import get_ray_address_file, reset_ray_address
+
+    path = Path(get_ray_address_file(None))
+    with contextlib.suppress(OSError):
+        if path.read_text().strip().endswith(f":{GCS_PORT}"):  # ours: we refuse to start if the port is taken
+            reset_ray_address()

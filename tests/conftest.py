@@ -59,7 +59,7 @@ def local_ray():
     """A one-CPU Ray of this process for a module's actor tests (no Serve, no engine)."""
     import ray
 
-    ray.init(num_cpus=1, include_dashboard=False, namespace="stream2llm")
+    ray.init(address="local", num_cpus=1, include_dashboard=False, namespace="stream2llm")
     try:
         yield
     finally:
