@@ -23,24 +23,29 @@ class ClusterPressure:
 
     @property
     def used_frac(self) -> float:
-        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+        return _share(self.kv_blocks_used, self.kv_blocks_total)
 
     @property
     def projected_frac(self) -> float:
-        return self.kv_blocks_projected / self.kv_blocks_total if self.kv_blocks_total else 0.0
+        return _share(self.kv_blocks_projected, self.kv_blocks_total)
 
     @property
     def budget_frac(self) -> float:
         """Share of the admission budget the projection takes (1.0: admission stops)."""
-        return self.kv_blocks_projected / self.kv_blocks_budget if self.kv_blocks_budget else 0.0
+        return _share(self.kv_blocks_projected, self.kv_blocks_budget)
 
     @property
     def seq_frac(self) -> float:
         """Running sequences against the engines' slots."""
-        return self.running / self.max_num_seqs if self.max_num_seqs else 0.0
+        return _share(self.running, self.max_num_seqs)
 
     @property
     def load_frac(self) -> float:
         """What autoscaling reads: the higher of real KV use and the sequence slots' use (the
         projection is no load yet: when it fills the budget, sessions queue, and the queue counts)."""
         return max(self.used_frac, self.seq_frac)
+
+
+def _share(part: float, whole: float) -> float:
+    """`part` over `whole`, 0 when there is no whole (no replica has reported it yet)."""
+    return part / whole if whole else 0.0
