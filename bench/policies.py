@@ -40,7 +40,7 @@ SCENARIOS = {
     "crawler": dict(n=4322, qps=4.0, delay=10.0, kv_gb=None),
     "vector": dict(n=2000, qps=2.0, delay=30.0, kv_gb=20.0),
     "crawler_low_pressure": dict(n=1000, qps=1.0, delay=1.0, kv_gb=None, workload="crawler"),
-    # FCFS holds the tail here but collapses at QPS 4 in our model (see docs/BENCHMARKS.md).
+    # FCFS holds the tail here but collapses at QPS 4 in our model (see docs/BENCHMARKS_COMPONENTS.md).
     "crawler_qps3": dict(n=4322, qps=3.0, delay=10.0, kv_gb=None, workload="crawler"),
     "crawler_heavy_tail": dict(n=4322, qps=4.0, delay=10.0, kv_gb=None, workload="crawler",
                                shape=dict(gap_mean_s=3.15)),

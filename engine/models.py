@@ -122,7 +122,7 @@ def prepare_tiny(folder: Path, vocab_size: int = 4096, seed: int = 0) -> None:
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     bpe.train_from_iterator((doc.text for doc in load_documents()[:2000]), trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>", bos_token="<|im_start|>",
                                         eos_token="<|im_end|>", pad_token="<|im_end|>")

@@ -55,4 +55,5 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 echo "[setup] preparing offline models in the cache folder"
-OMP_NUM_THREADS=1 "$VENV/bin/stream2llm" prepare tiny smollm2
+# the converters' progress bars are theirs, not the set-up's (tqdm and the Hub honour these)
+TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 OMP_NUM_THREADS=1 "$VENV/bin/stream2llm" prepare tiny smollm2

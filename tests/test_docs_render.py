@@ -19,6 +19,13 @@ def test_committed_docs_match_their_results(doc):
     assert stale_blocks(text) == [], "run: python -m bench.render_docs"
 
 
+def test_the_benchmarks_page_fits_one_reading():
+    # the page a newcomer opens first: the claims table and the end-to-end tables, not a history;
+    # components and their long tables go to BENCHMARKS_COMPONENTS.md
+    lines = (RESULTS.parent.parent / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8").count("\n")
+    assert lines < 300, f"docs/BENCHMARKS.md has {lines} lines; move a component's section out or cut prose"
+
+
 def test_every_registered_block_is_in_the_docs_and_renders():
     used = {m.group(2) for doc in DOCS for m in render_docs.BLOCK.finditer(doc.read_text(encoding="utf-8"))}
     assert used == set(REGISTRY)
