@@ -203,14 +203,17 @@ class AdmissionController(SlotGrants):
 
     def choose_replica(self, source_type: str, now: float, exclude: tuple[str, ...] = (),
                        tokens: int | None = None) -> str | None:
-        """The live replica with the most room, if the new session's projected size fits there."""
+        """The next live replica in turn (`ReplicaIndex.next_in_turn`) if the new session's projected
+        size fits there, else the roomiest if it fits there."""
         self._expire(now)
-        r = self._index.roomiest(now, exclude)
-        if r is None:
-            return None
-        need = blocks_for(self.demand.expected_tokens(source_type) if tokens is None else tokens,
-                          r.report.block_size)
-        return r.replica_id if self._index.room(r) >= need else None
+        tokens = self.demand.expected_tokens(source_type) if tokens is None else tokens
+        for pick in (self._index.next_in_turn, self._index.roomiest):
+            r = pick(now, exclude)
+            if r is None:
+                return None
+            if self._index.room(r) >= blocks_for(tokens, r.report.block_size):
+                return r.replica_id
+        return None
 
     # ---- sessions ----------------------------------------------------------------------------
     def try_admit(self, session_id: str, source_type: str, now: float, exclude: tuple[str, ...] = (),
@@ -244,6 +247,7 @@ class AdmissionController(SlotGrants):
         self._index.begin(r)
         p.replica_id, p.reserved_blocks = r.replica_id, blocks_for(tokens, r.report.block_size)
         r.slots += p.slot
+        r.last_placed = p.seen_at
         self._placements[p.session_id] = r.placements[p.session_id] = p
         r.put(p)
         self._index.commit(r)
