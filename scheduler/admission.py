@@ -27,6 +27,7 @@ import math
 from scheduler.admission_queue import AdmissionQueues, Ask
 from scheduler.admission_slots import SlotGrants
 from scheduler.demand import DemandModel, desired_replicas
+from scheduler.projection_audit import FinalSizes
 from scheduler.replica_index import (ClusterPressure, Placement, ReplicaIndex, ReplicaReport, ReplicaState,
                                     blocks_for)
 
@@ -55,6 +56,7 @@ class AdmissionController(SlotGrants):
         self._queue = AdmissionQueues(max_queue)
         self._dead: dict[str, float] = {}  # replica -> until when its (late) reports are ignored
         self._slot_seq = 0                 # admission slots granted so far (their ids)
+        self.finals = FinalSizes()         # what ended sessions held (`scheduler.projection_audit`)
         self.rejected = 0
         self.dropped = 0                   # placements reconciled away (never opened, leaked, expired)
         self.configure(max_queue=max_queue, grace_s=grace_s, max_sessions=max_sessions)
@@ -193,6 +195,12 @@ class AdmissionController(SlotGrants):
         """Blocks used now plus what each session placed here is still expected to grow by."""
         return self._index.replicas[replica_id].projected
 
+    def projections(self, replica_id: str) -> dict[str, int]:
+        """Each session's projected final blocks on the replica (O(its sessions): audits, not a hot
+        path); untaken admission slots are no sessions."""
+        r = self._index.replicas[replica_id]
+        return {sid: max(p.reserved_blocks, p.current_blocks) for sid, p in r.placements.items() if not p.slot}
+
     def headroom(self, replica_id: str) -> int:
         return self._index.room(self._index.replicas[replica_id])
 
@@ -296,8 +304,10 @@ class AdmissionController(SlotGrants):
             self._index.begin(r)
             self._unplace(r, p)
             self._index.commit(r)
-        if context_tokens is not None and context_tokens > 0 and p.lease_until is None:
-            self.demand.observe(p.source_type, context_tokens)
+        if context_tokens is not None and context_tokens > 0:
+            self.finals.add(session_id, context_tokens)
+            if p.lease_until is None:
+                self.demand.observe(p.source_type, context_tokens)
 
     def retry_after_s(self, base_s: float = 1.0) -> int:
         """A hint for clients: longer when more sessions wait."""

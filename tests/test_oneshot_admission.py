@@ -3,6 +3,7 @@ an estimate alone never refuses one that fits. The replica's tokenizer and the c
 stand-ins behind their call interfaces (the HTTP path runs in tests/test_pipeline_admission_http.py)."""
 
 import asyncio
+import math
 
 import pytest
 
@@ -45,7 +46,18 @@ def client(tokens: int, decision: dict | None = None) -> tuple[EngineClient, _Ce
 def test_a_short_prompt_is_admitted_on_its_estimate_without_counting():
     c, central = client(tokens=5)
     assert asyncio.run(c.admit_request("q", "Hello there", 16)) == "r1"
-    assert central.asked == [len("Hello there") // CHARS_PER_TOKEN + 16]
+    assert central.asked == [math.ceil(len("Hello there") / CHARS_PER_TOKEN) + 16]
+    assert c._handle.tokenize.calls == 0
+
+
+def test_the_lease_follows_the_counts_replicas_sent_back():
+    c, central = client(tokens=5)
+    prompt = "capital " * 100  # 800 characters, 100 tokens as the replica counted them
+    for _ in range(3):
+        c.prompt_estimate("completion").observe(len(prompt), 100)
+    asyncio.run(c.admit_request("q", prompt, 16))
+    asyncio.run(c.admit_request("q2", prompt, 16, kind="chat"))  # chat keeps its own count
+    assert central.asked == [100 + 16, math.ceil(800 / CHARS_PER_TOKEN) + 16]
     assert c._handle.tokenize.calls == 0
 
 

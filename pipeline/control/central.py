@@ -219,6 +219,19 @@ class CentralScheduler:
                 for rid, r in self._ctl.reports().items() if rid in live}
 
 
+    def projection_audit(self) -> dict:
+        """Live replicas' per-session projected final blocks, with their capacity and block size
+        (O(sessions): `bench.admission_accuracy`'s snapshot, not a hot path)."""
+        live = self._ctl.live_replicas(time.monotonic())
+        reports = self._ctl.reports()
+        return {rid: {"kv_blocks_total": reports[rid].kv_blocks_total, "block_size": reports[rid].block_size,
+                      "sessions": self._ctl.projections(rid)} for rid in live}
+
+    def final_sizes(self, session_ids: list[str]) -> dict[str, int]:
+        """The context tokens those of `session_ids` that ended recently ended with."""
+        return self._ctl.finals.get(session_ids)
+
+
 def get_or_create_scheduler(config):
     """The one central actor, on the control node (`pipeline.control.home`), created by whoever asks first (ingress or replica).
 
