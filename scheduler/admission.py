@@ -10,7 +10,8 @@ pressure (they are recomputed when they resume), while the blocks really used an
 accepted must fit the capacity, and a saturated engine takes nothing. Later chunks of a session
 follow its placement (affinity). When no replica has room, the session waits in a bounded FIFO
 queue (sessions recovering from a lost replica wait in their own queue, served first); the caller
-refuses it (HTTP 429) when the queue is full or it could not start within its deadline. A request
+refuses it (HTTP 429) when it could not start within its deadline, at once when the queue is full
+and its recent drain rate says so (`scheduler.admission_queue.QueuedAdmissions`). A request
 whose known size exceeds every replica's KV can never be placed (`fits_anywhere`).
 Everything is rebuilt from reports after a restart.
 
@@ -24,10 +25,11 @@ from __future__ import annotations
 
 import math
 
-from scheduler.admission_queue import AdmissionQueues, Ask
+from scheduler.admission_queue import AdmissionQueues, Ask, QueuedAdmissions
 from scheduler.admission_slots import SlotGrants
 from scheduler.demand import DemandModel, desired_replicas
 from scheduler.projection_audit import FinalSizes
+from scheduler.queue_wait import QueueWait
 from scheduler.replica_index import (ClusterPressure, Placement, ReplicaIndex, ReplicaReport, ReplicaState,
                                     blocks_for)
 
@@ -43,7 +45,7 @@ class UnknownSessionError(AdmissionError):
     """The session id has no placement."""
 
 
-class AdmissionController(SlotGrants):
+class AdmissionController(QueuedAdmissions, SlotGrants):
     """Routing by projected KV headroom, session affinity and bounded admission queues."""
 
     def __init__(self, demand: DemandModel, max_queue: int = 16, stale_after_s: float = 10.0,
@@ -54,6 +56,7 @@ class AdmissionController(SlotGrants):
         self._largest = 0                  # the most tokens any replica's KV ever held
         self._placements: dict[str, Placement] = {}
         self._queue = AdmissionQueues(max_queue)
+        self._queue_wait = QueueWait()     # how fast queued sessions start (full queue, Retry-After)
         self._dead: dict[str, float] = {}  # replica -> until when its (late) reports are ignored
         self._slot_seq = 0                 # admission slots granted so far (their ids)
         self.finals = FinalSizes()         # what ended sessions held (`scheduler.projection_audit`)
@@ -260,31 +263,6 @@ class AdmissionController(SlotGrants):
         r.put(p)
         self._index.commit(r)
 
-    def enqueue(self, session_id: str, source_type: str, now: float, exclude: tuple[str, ...] = (),
-                count_rejection: bool = True, **ask) -> bool:
-        """Join the wait queue; False (and counted as rejected, unless told not to) when it is full."""
-        if not self._queue.add(Ask(session_id, source_type, tuple(exclude), **ask)):
-            self.rejected += count_rejection
-            return False
-        return True
-
-    def leave_queue(self, session_id: str, rejected: bool = True) -> None:
-        if self._queue.remove(session_id) and rejected:
-            self.rejected += 1
-
-    def drain(self, now: float) -> dict[str, str]:
-        """Admit queued sessions (recoveries first, FIFO) while they fit; returns session -> replica."""
-        admitted = {}
-        while (head := self._queue.head()) is not None:
-            replica_id = self.admit_ask(head, now)
-            if replica_id is None:
-                break
-            admitted[head.session_id] = replica_id
-        return admitted
-
-    def queued(self) -> int:
-        return len(self._queue)
-
     def session_count(self) -> int:
         return len(self._placements)
 
@@ -308,10 +286,6 @@ class AdmissionController(SlotGrants):
             self.finals.add(session_id, context_tokens)
             if p.lease_until is None:
                 self.demand.observe(p.source_type, context_tokens)
-
-    def retry_after_s(self, base_s: float = 1.0) -> int:
-        """A hint for clients: longer when more sessions wait."""
-        return max(1, int(math.ceil(base_s * (1 + self.queued()))))
 
     def pressure(self, now: float) -> ClusterPressure:
         self._expire(now)

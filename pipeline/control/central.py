@@ -111,8 +111,9 @@ class CentralScheduler:
         if replica_id is not None:
             return {"replica_id": replica_id}
         ready = self._ctl.any_live(now)  # else replicas are starting: "unavailable", no rejection
-        if not self._ctl.enqueue(session_id, source_type, now, exclude_t, count_rejection=ready, **ask):
-            return self._rejection("admission queue full")
+        if not self._ctl.enqueue(session_id, source_type, now, exclude_t, count_rejection=ready,
+                                 deadline_s=timeout_s, **ask):
+            return self._rejection("admission queue full, and queued work would not start within the deadline")
         future = self._waiters[session_id] = asyncio.get_running_loop().create_future()
         self._wake()
         try:
@@ -167,9 +168,10 @@ class CentralScheduler:
         return list(self._closed)
 
     def _rejection(self, reason: str) -> dict:
-        if not self._ctl.any_live(time.monotonic()):  # starting (or all lost): not the load's fault
+        now = time.monotonic()
+        if not self._ctl.any_live(now):  # starting (or all lost): not the load's fault
             return {"unavailable": "no engine replica is ready yet", "retry_after_s": self._ctl.retry_after_s(5.0)}
-        return {"rejected": reason, "retry_after_s": self._ctl.retry_after_s()}
+        return {"rejected": reason, "retry_after_s": self._ctl.retry_after_s(now=now)}
 
     def _wake(self) -> None:
         if not self._ctl.queued():
