@@ -84,3 +84,33 @@ def test_the_central_decision_becomes_its_typed_error(decision, error, status):
         asyncio.run(c.admit_request("q", "Hi", 4))
     assert http_status(e.value) == status
     assert getattr(e.value, "retry_after_s", None) == decision.get("retry_after_s")
+
+
+class _Posted:
+    def __init__(self):
+        self.releases = []
+
+    def release(self, request_id, tokens=None):
+        self.releases.append((request_id, tokens))
+
+
+def test_the_lease_is_released_with_what_the_engine_counted_and_teaches_the_estimate():
+    from types import SimpleNamespace
+
+    from engine.api import OpenAITimings
+    from pipeline.ingress.openai_routes import _releaser
+    from pipeline.schemas import CompletionRequest
+
+    c, _ = client(tokens=5)
+    c._central = posted = _Posted()
+    ing = SimpleNamespace(client=c)
+    body = CompletionRequest(model="m", prompt=["capital " * 100, [1, 2, 3]], max_tokens=8)
+    for i in range(3):
+        seen, release = _releaser(ing, "completion", body, f"req{i}")
+        seen.append(OpenAITimings(output_tokens=8, prompt_tokens=103))  # 100 from the text, 3 ids
+        release()
+    assert posted.releases == [(f"req{i}", 111) for i in range(3)]
+    assert c.prompt_estimate("completion").tokens(len("capital " * 100)) == 100
+    seen2, release2 = _releaser(ing, "completion", body, "req2")
+    release2()  # cut off before the engine said anything: released without a size
+    assert posted.releases[-1] == ("req2", None)
