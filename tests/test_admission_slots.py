@@ -64,5 +64,7 @@ def test_slots_go_in_turn_like_placements():
     c = controller()
     c.report(report("a"), now=0)
     c.report(report("b", used=20), now=0)  # by room alone a would take every slot
-    slots = c.grant_slots("ingress-1", "vector", 4, now=1, ttl_s=2.0)
-    assert sorted(replica for _, replica in slots) == ["a", "a", "b", "b"]
+    slots = [c.grant_slots("ingress-1", "vector", 1, now=t, ttl_s=9.0)[0] for t in (1, 2, 3, 4)]
+    assert [replica for _, replica in slots] == ["a", "b", "a", "b"]
+    # two at one moment: a (placed longest ago), then b (placed before the first of them)
+    assert [r for _, r in c.grant_slots("ingress-2", "vector", 2, now=5, ttl_s=9.0)] == ["a", "b"]
