@@ -194,6 +194,7 @@ def run(replicas: int, kv_mib: int, load_s: float) -> dict:
         first = ramp(base)
     errors = audited.pop("errors")
     return {"replicas": replicas, "samples": len(errors), "errors": [round(e, 4) for e in errors],
+            "gaps": [round(g, 4) for g in gaps],
             "error_p50": _rounded(percentile(errors, 50)), "error_p95": _rounded(percentile(errors, 95)),
             **audited, "projected_vs_used_now_p50": _rounded(percentile(gaps, 50)),
             "projected_vs_used_now_p95": _rounded(percentile(gaps, 95)),
@@ -222,8 +223,11 @@ def main(argv: list[str] | None = None) -> int:
                                   "final blocks - sum of the blocks they really ended with| / its KV blocks, over "
                                   "the sessions whose end is known"),
         "targets": TARGETS,
-        "runs": [{k: v for k, v in r.items() if k != "errors"} for r in runs],
+        "runs": [{k: v for k, v in r.items() if k not in ("errors", "gaps")} for r in runs],
     }
+    gaps = [g for r in runs for g in r["gaps"]]
+    report["projected_vs_used_now_p50"] = _rounded(percentile(gaps, 50))  # the key's old definition
+    report["projected_vs_used_now_p95"] = _rounded(percentile(gaps, 95))
     report["met"] = {
         "projection_abs_error_p50": report["projection_abs_error_p50"] <= TARGETS["projection_abs_error_p50"],
         "projection_abs_error_p95": report["projection_abs_error_p95"] <= TARGETS["projection_abs_error_p95"],
