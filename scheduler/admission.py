@@ -2,7 +2,8 @@
 
 Replicas report at a steady interval what their engines really hold: KV blocks used, running
 sequences against `max_num_seqs`, requests waiting, and each open session's context tokens. A new
-session is placed on the replica with the most room (`scheduler.replica_index`): the projected
+session is placed on a replica with room (`scheduler.replica_index`: in turn among those with room to
+spare, else the roomiest): the projected
 budget (blocks used now plus what every session there is still projected to grow by, a high
 percentile of what sessions of its source type reached: `scheduler.demand`) may exceed the real
 capacity by the `overcommit` factor, since the engine parks idle streams and evicts them under

@@ -261,8 +261,8 @@ class ReplicaIndex:
     def _push(self, r: ReplicaState) -> None:
         heapq.heappush(self._heap, (self.rank(r), r.version, r.replica_id))
         heapq.heappush(self._by_room, (-self.room(r), r.version, r.replica_id))
-        if len(self._heap) > 4 * len(self.replicas) + 64:
-            self.rebuild()
+        if max(len(self._heap), len(self._by_room)) > 4 * len(self.replicas) + 64:
+            self.rebuild()  # each heap pops its stale entries only as they surface
 
     def rebuild(self) -> None:
         listed = [r for r in self.replicas.values() if not r.draining]

@@ -45,3 +45,14 @@ def test_a_session_too_big_for_the_next_in_turn_goes_to_the_roomiest():
     # there too; with b at 50 used it does not, and a (98 free) takes it.
     c.report(report("b", used=50), now=2)
     assert c.try_admit("big1", "big", now=3) == "a"
+
+
+def test_both_heaps_stay_bounded_when_only_one_is_asked():
+    c = controller()
+    for rid in "abcd":
+        c.report(report(rid), now=0)
+    for i in range(2000):  # every placement pushes onto both heaps; only the turn heap is read here
+        assert c.try_admit(f"s{i}", "vector", now=1 + i / 100) is not None
+        c.release(f"s{i}")
+    index = c._index
+    assert max(len(index._heap), len(index._by_room)) <= 4 * len(index.replicas) + 64 + 1
