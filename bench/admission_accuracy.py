@@ -135,8 +135,10 @@ def mixed_load(base: str, central, seconds: float) -> tuple[list[dict], list[flo
     for t in threads:
         t.start()
     snapshots, gaps = [], []
+    start = time.monotonic()
     while time.monotonic() < until:
-        snapshots.append(ray.get(central.projection_audit.remote(), timeout=30))
+        snap = ray.get(central.projection_audit.remote(), timeout=30)
+        snapshots.append({"t": round(time.monotonic() - start, 1), "replicas": snap})
         gaps += [abs(s["projected"] - s["real"]) / s["total"] for s in sample(base)]
         time.sleep(1.0)
     for t in threads:
@@ -145,18 +147,21 @@ def mixed_load(base: str, central, seconds: float) -> tuple[list[dict], list[flo
 
 
 def audit(central, snapshots: list[dict]) -> dict:
-    """Each replica-snapshot's projection against the final sizes its sessions reached."""
-    ids = sorted({sid for snap in snapshots for r in snap.values() for sid in r["sessions"]})
+    """Each replica-snapshot's projection against the final sizes its sessions reached; with each
+    error, the second of the load it was taken at (`by_time`: is it the cold start, before a
+    source type has finished sessions to learn from?)."""
+    ids = sorted({sid for snap in snapshots for r in snap["replicas"].values() for sid in r["sessions"]})
     finals = ray.get(central.final_sizes.remote(ids), timeout=60)
-    points = [audit_point(r["sessions"], finals, r["kv_blocks_total"], r["block_size"])
-              for snap in snapshots for r in snap.values()]
-    compared = [p for p in points if p.sessions]
-    return {"errors": [p.error for p in compared], "replica_snapshots": len(points),
+    points = [(snap["t"], audit_point(r["sessions"], finals, r["kv_blocks_total"], r["block_size"]))
+              for snap in snapshots for r in snap["replicas"].values()]
+    compared = [(t, p) for t, p in points if p.sessions]
+    return {"errors": [p.error for _, p in compared], "replica_snapshots": len(points),
             "left_out_no_known_end": len(points) - len(compared),
-            "sessions_compared": sum(p.sessions for p in compared),
-            "sessions_unresolved": sum(p.unresolved for p in compared),
-            "projected_over_real": _rounded(sum(p.projected_blocks for p in compared)
-                                            / max(1, sum(p.real_blocks for p in compared)))}
+            "sessions_compared": sum(p.sessions for _, p in compared),
+            "sessions_unresolved": sum(p.unresolved for _, p in compared),
+            "projected_over_real": _rounded(sum(p.projected_blocks for _, p in compared)
+                                            / max(1, sum(p.real_blocks for _, p in compared))),
+            "by_time": [[t, round(p.error, 4), p.projected_blocks, p.real_blocks] for t, p in compared]}
 
 
 def ramp(base: str) -> dict:
