@@ -158,20 +158,19 @@ def why_missed(cells: dict, head: dict) -> dict:
         "central_in_those_cells": {k: {f: c[f] for f in ("queued_frac", "queue_wait_p99_s", "preemptions",
                                                            "most_placed_between_reports")}
                                    for k, c in central.items()},
-        "reason": ("The central controller ranks replicas by KV room. A session placed since its replica's last "
-                   "report counts its projected size in that replica's real room until a report lists it, so the "
-                   "heap moves on after each placement, yet up to `most_placed_between_reports` sessions still "
-                   "land on one replica between two of its reports while it keeps the most room. In the vector "
-                   "cells KV is not the contended resource (small contexts, prefill-bound): ranking by KV room "
-                   "spreads prefills less evenly than round-robin does. `central_p99_with_fast_reports_s` reran "
-                   f"those cells with reports every {FAST_REPORT_S} s."),
-        "what_would_reach_it": ("Tried in trials of the 64-replica vector cells at 80% load, and not kept: "
-                                "ranking replicas within 1/8 of their capacity of each other's room by the "
-                                "engine's running sequences plus the sessions placed since the report (0.75 and "
-                                "0.80 of pow2's P99, against 0.62 and 0.70 without), and variants with the "
-                                "unreported sessions counted on top of the blocks used (0.95 to 1.11). Untested: "
-                                "pow2 among the replicas within a margin of the most room, or a prefill-queue "
-                                "signal in the reports (what the engine still has to prefill, in tokens)."),
+        "reason": ("The central controller places sessions in turn among replicas with a quarter of their KV free "
+                   "(least recently placed first) and by most room below that (scheduler.replica_index). Between "
+                   "two reports it sees a replica's placements but not its engine's prefill queue, so a replica "
+                   "that is slow to drain keeps its turn: up to `most_placed_between_reports` sessions landed on "
+                   "one replica between two of its reports. `central_p99_with_fast_reports_s` reran those cells "
+                   f"with reports every {FAST_REPORT_S} s."),
+        "what_would_reach_it": ("Tried at 64 replicas and 80% load and not kept: ranking by KV room alone (vector "
+                                "0.62 and 0.70 of pow2's P99); room in steps of 1/8, 1/4 or 1/2 of the capacity, "
+                                "least recently placed first within a step (vector 0.51 to 0.61); in turn whatever "
+                                "the room (vector 0.47 and 0.46, but crawler P99 2.7 and 4.8 times that of ranking "
+                                "by room); in turn only above half the capacity free (vector 0.68 and 0.67). "
+                                "Untested: a prefill-queue signal in the reports (what the engine still has to "
+                                "prefill, in tokens)."),
     }
 
 

@@ -83,6 +83,7 @@ class OpenAITimings:
     ttft_s: float | None = None
     tpot_s: float | None = None
     output_tokens: int = 0
+    prompt_tokens: int = 0            # as the engine tokenized them (every prompt of the request)
 
 
 @dataclass

@@ -32,7 +32,11 @@ class _TimedEngineClient:
 
     async def generate(self, *args, **kwargs):
         timings = _timings.get()
+        first = True
         async for output in self._llm.generate(*args, **kwargs):
+            if timings is not None and first:  # each prompt of the request is one generate call
+                timings.prompt_tokens += len(output.prompt_token_ids or ())
+            first = False
             if timings is not None and output.metrics is not None:
                 _observe(timings, output.metrics)
             yield output

@@ -108,7 +108,10 @@ class LimitSettings(_Section):
         "max_model_len - answer_budget_tokens), which is the default. A client's max_tokens is bounded "
         "by model.answer_budget_tokens, checked at the door."))
     session_ttl_s: float = Field(120.0, gt=0, description="Idle session lifetime before abort.")
-    max_queue: int = Field(16, ge=0, description="Sessions waiting for admission at most.")
+    max_queue: int = Field(16, ge=0, description=(
+        "Sessions waiting for admission. A full queue still takes one estimated to start within its "
+        "admission_timeout_s (from the rate queued sessions were placed lately), up to 8 times this; "
+        "else 429 at once, with Retry-After from that estimate."))
     admission_timeout_s: float = Field(5.0, ge=0, description=(
         "Deadline of an admission: how long a request waits in the queue for a replica with room (429 "
         "after it), or for a replica to start (503 after it)."))

@@ -2,7 +2,8 @@
 
 Replicas report at a steady interval what their engines really hold: KV blocks used, running
 sequences against `max_num_seqs`, requests waiting, and each open session's context tokens. A new
-session is placed on the replica with the most room (`scheduler.replica_index`): the projected
+session is placed on a replica with room (`scheduler.replica_index`: in turn among those with room to
+spare, else the roomiest): the projected
 budget (blocks used now plus what every session there is still projected to grow by, a high
 percentile of what sessions of its source type reached: `scheduler.demand`) may exceed the real
 capacity by the `overcommit` factor, since the engine parks idle streams and evicts them under
@@ -10,7 +11,8 @@ pressure (they are recomputed when they resume), while the blocks really used an
 accepted must fit the capacity, and a saturated engine takes nothing. Later chunks of a session
 follow its placement (affinity). When no replica has room, the session waits in a bounded FIFO
 queue (sessions recovering from a lost replica wait in their own queue, served first); the caller
-refuses it (HTTP 429) when the queue is full or it could not start within its deadline. A request
+refuses it (HTTP 429) when it could not start within its deadline, at once when the queue is full
+and its recent drain rate says so (`scheduler.admission_queue.QueuedAdmissions`). A request
 whose known size exceeds every replica's KV can never be placed (`fits_anywhere`).
 Everything is rebuilt from reports after a restart.
 
@@ -24,9 +26,11 @@ from __future__ import annotations
 
 import math
 
-from scheduler.admission_queue import AdmissionQueues, Ask
+from scheduler.admission_queue import AdmissionQueues, Ask, QueuedAdmissions
 from scheduler.admission_slots import SlotGrants
 from scheduler.demand import DemandModel, desired_replicas
+from scheduler.projection_audit import FinalSizes
+from scheduler.queue_wait import QueueWait
 from scheduler.replica_index import (ClusterPressure, Placement, ReplicaIndex, ReplicaReport, ReplicaState,
                                     blocks_for)
 
@@ -42,7 +46,7 @@ class UnknownSessionError(AdmissionError):
     """The session id has no placement."""
 
 
-class AdmissionController(SlotGrants):
+class AdmissionController(QueuedAdmissions, SlotGrants):
     """Routing by projected KV headroom, session affinity and bounded admission queues."""
 
     def __init__(self, demand: DemandModel, max_queue: int = 16, stale_after_s: float = 10.0,
@@ -53,8 +57,10 @@ class AdmissionController(SlotGrants):
         self._largest = 0                  # the most tokens any replica's KV ever held
         self._placements: dict[str, Placement] = {}
         self._queue = AdmissionQueues(max_queue)
+        self._queue_wait = QueueWait()     # how fast queued sessions start (full queue, Retry-After)
         self._dead: dict[str, float] = {}  # replica -> until when its (late) reports are ignored
         self._slot_seq = 0                 # admission slots granted so far (their ids)
+        self.finals = FinalSizes()         # what ended sessions held (`scheduler.projection_audit`)
         self.rejected = 0
         self.dropped = 0                   # placements reconciled away (never opened, leaked, expired)
         self.configure(max_queue=max_queue, grace_s=grace_s, max_sessions=max_sessions)
@@ -193,6 +199,12 @@ class AdmissionController(SlotGrants):
         """Blocks used now plus what each session placed here is still expected to grow by."""
         return self._index.replicas[replica_id].projected
 
+    def projections(self, replica_id: str) -> dict[str, int]:
+        """Each session's projected final blocks on the replica (O(its sessions): audits, not a hot
+        path); untaken admission slots are no sessions."""
+        r = self._index.replicas[replica_id]
+        return {sid: max(p.reserved_blocks, p.current_blocks) for sid, p in r.placements.items() if not p.slot}
+
     def headroom(self, replica_id: str) -> int:
         return self._index.room(self._index.replicas[replica_id])
 
@@ -203,14 +215,17 @@ class AdmissionController(SlotGrants):
 
     def choose_replica(self, source_type: str, now: float, exclude: tuple[str, ...] = (),
                        tokens: int | None = None) -> str | None:
-        """The live replica with the most room, if the new session's projected size fits there."""
+        """The next live replica in turn (`ReplicaIndex.next_in_turn`) if the new session's projected
+        size fits there, else the roomiest if it fits there."""
         self._expire(now)
-        r = self._index.roomiest(now, exclude)
-        if r is None:
-            return None
-        need = blocks_for(self.demand.expected_tokens(source_type) if tokens is None else tokens,
-                          r.report.block_size)
-        return r.replica_id if self._index.room(r) >= need else None
+        tokens = self.demand.expected_tokens(source_type) if tokens is None else tokens
+        for pick in (self._index.next_in_turn, self._index.roomiest):
+            r = pick(now, exclude)
+            if r is None:
+                return None
+            if self._index.room(r) >= blocks_for(tokens, r.report.block_size):
+                return r.replica_id
+        return None
 
     # ---- sessions ----------------------------------------------------------------------------
     def try_admit(self, session_id: str, source_type: str, now: float, exclude: tuple[str, ...] = (),
@@ -244,34 +259,10 @@ class AdmissionController(SlotGrants):
         self._index.begin(r)
         p.replica_id, p.reserved_blocks = r.replica_id, blocks_for(tokens, r.report.block_size)
         r.slots += p.slot
+        r.last_placed = p.seen_at
         self._placements[p.session_id] = r.placements[p.session_id] = p
         r.put(p)
         self._index.commit(r)
-
-    def enqueue(self, session_id: str, source_type: str, now: float, exclude: tuple[str, ...] = (),
-                count_rejection: bool = True, **ask) -> bool:
-        """Join the wait queue; False (and counted as rejected, unless told not to) when it is full."""
-        if not self._queue.add(Ask(session_id, source_type, tuple(exclude), **ask)):
-            self.rejected += count_rejection
-            return False
-        return True
-
-    def leave_queue(self, session_id: str, rejected: bool = True) -> None:
-        if self._queue.remove(session_id) and rejected:
-            self.rejected += 1
-
-    def drain(self, now: float) -> dict[str, str]:
-        """Admit queued sessions (recoveries first, FIFO) while they fit; returns session -> replica."""
-        admitted = {}
-        while (head := self._queue.head()) is not None:
-            replica_id = self.admit_ask(head, now)
-            if replica_id is None:
-                break
-            admitted[head.session_id] = replica_id
-        return admitted
-
-    def queued(self) -> int:
-        return len(self._queue)
 
     def session_count(self) -> int:
         return len(self._placements)
@@ -292,12 +283,10 @@ class AdmissionController(SlotGrants):
             self._index.begin(r)
             self._unplace(r, p)
             self._index.commit(r)
-        if context_tokens is not None and context_tokens > 0 and p.lease_until is None:
-            self.demand.observe(p.source_type, context_tokens)
-
-    def retry_after_s(self, base_s: float = 1.0) -> int:
-        """A hint for clients: longer when more sessions wait."""
-        return max(1, int(math.ceil(base_s * (1 + self.queued()))))
+        if context_tokens is not None and context_tokens > 0:
+            self.finals.add(session_id, context_tokens)
+            if p.lease_until is None:
+                self.demand.observe(p.source_type, context_tokens)
 
     def pressure(self, now: float) -> ClusterPressure:
         self._expire(now)

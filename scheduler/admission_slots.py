@@ -31,14 +31,23 @@ class SlotGrants:
         tokens = self.demand.expected_tokens(source_type)
         self._expire(now)
         while len(granted) < count and not self.queued() and len(self._placements) < self.max_sessions:
-            r = self._index.roomiest(now, ())
-            if r is None or self._index.room(r) < (2 + r.slots) * blocks_for(tokens, r.report.block_size):
+            r = self._slot_replica(tokens, now)
+            if r is None:
                 break
             self._slot_seq += 1
             slot_id = f"slot:{holder}:{self._slot_seq}"
             self._place(Placement(slot_id, r.replica_id, source_type, 0, now, now + ttl_s, slot=True), tokens)
             granted.append((slot_id, r.replica_id))
         return granted
+
+    def _slot_replica(self, tokens: int, now: float):
+        """Where the next slot goes: the next replica in turn, as `choose_replica` places sessions,
+        else the roomiest, if it keeps free room for two more sessions than its slots."""
+        for pick in (self._index.next_in_turn, self._index.roomiest):
+            r = pick(now, ())
+            if r is not None and self._index.room(r) >= (2 + r.slots) * blocks_for(tokens, r.report.block_size):
+                return r
+        return None
 
     def bind_slot(self, slot_id: str, session_id: str, replica_id: str, source_type: str, now: float) -> None:
         """Session `session_id` took slot `slot_id` (on `replica_id`): the placement becomes its.

@@ -1,4 +1,4 @@
-"""Per-replica KV accounting kept incrementally, and a heap that finds the roomiest replica.
+"""Per-replica KV accounting kept incrementally, and heaps that find the replica to place on.
 
 A replica's room for a new session is the least of two: the projected budget's room (its
 capacity times the overcommit factor, less the blocks used now plus what its sessions are still
@@ -7,9 +7,13 @@ context it accepted, whichever is more; a session placed since the replica's las
 its projected size there until a report lists it). None while its engine is saturated (a whole
 batch waits).
 The central scheduler must not scan sessions or replicas on a hot path: each replica keeps its
-sums; cluster totals are kept as running sums over live replicas. The roomiest replica comes from
-a lazy max heap keyed by room: every change pushes a new entry with a new version, stale entries
-are skipped when they surface, and the heap is rebuilt when stale entries outnumber live ones.
+sums; cluster totals are kept as running sums over live replicas. Where a session goes comes from
+two lazy heaps: one by turn (replicas with a good share of their KV free take sessions in turn,
+least recently placed first, since KV is not what limits them: their prefills spread as evenly as
+round-robin's; the others after them, most room first) and one by room alone, asked when the
+first's choice has too little room for the session. Every change pushes new entries with a new
+version, stale entries are skipped when they surface, and the heaps are rebuilt when stale entries
+outnumber live ones.
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from scheduler.pressure import ClusterPressure  # noqa: F401 (re-exported)
+
+# While a replica has this share of its capacity free, KV is not what limits it: new sessions go to
+# such replicas in turn (the least recently placed first), which spreads their prefills as evenly as
+# round-robin does; below it, the most room first (bench.cluster_sim: 64 replicas, 80% load).
+ROOMY_FRAC = 0.25
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -95,6 +104,7 @@ class ReplicaState:
     draining: bool = False
     version: int = 0
     slots: int = 0                    # admission slots placed here and not yet taken
+    last_placed: float = float("-inf")  # when a session was last placed here
 
     @property
     def projected(self) -> int:
@@ -168,7 +178,8 @@ class ReplicaIndex:
         self.forget_after_s = 60.0
         self._live: OrderedDict[str, float] = OrderedDict()    # oldest report first
         self._silent: OrderedDict[str, float] = OrderedDict()  # stale ones, oldest report first
-        self._heap: list[tuple[int, int, str]] = []
+        self._heap: list[tuple[tuple[int, float, int], int, str]] = []  # by `rank`
+        self._by_room: list[tuple[int, int, str]] = []               # by most room
 
     # ---- liveness ------------------------------------------------------------------------
     def expire(self, now: float) -> list[ReplicaState]:
@@ -239,38 +250,55 @@ class ReplicaIndex:
             self._count(r, +1)
         self.rebuild()
 
+    def rank(self, r: ReplicaState) -> tuple[int, float, int]:
+        """The turn heap's key, least first: roomy replicas (`ROOMY_FRAC` of their capacity free)
+        least recently placed first, then the others; most room first among equals."""
+        room = self.room(r)
+        if room >= r.capacity(self.reserve_frac) * ROOMY_FRAC:
+            return (0, r.last_placed, -room)
+        return (1, 0.0, -room)
+
     def _push(self, r: ReplicaState) -> None:
-        key = -self.room(r) * r.report.block_size  # headroom in tokens
-        heapq.heappush(self._heap, (key, r.version, r.replica_id))
-        if len(self._heap) > 4 * len(self.replicas) + 64:
-            self.rebuild()
+        heapq.heappush(self._heap, (self.rank(r), r.version, r.replica_id))
+        heapq.heappush(self._by_room, (-self.room(r), r.version, r.replica_id))
+        if max(len(self._heap), len(self._by_room)) > 4 * len(self.replicas) + 64:
+            self.rebuild()  # each heap pops its stale entries only as they surface
 
     def rebuild(self) -> None:
-        self._heap = [(-self.room(r) * r.report.block_size, r.version, rid)
-                      for rid, r in self.replicas.items() if not r.draining]
+        listed = [r for r in self.replicas.values() if not r.draining]
+        self._heap = [(self.rank(r), r.version, r.replica_id) for r in listed]
+        self._by_room = [(-self.room(r), r.version, r.replica_id) for r in listed]
         heapq.heapify(self._heap)
+        heapq.heapify(self._by_room)
 
     # ---- choice --------------------------------------------------------------------------
+    def next_in_turn(self, now: float, exclude: frozenset[str] | tuple = ()) -> ReplicaState | None:
+        """The live, non-draining, non-excluded replica first by `rank`. Call `expire(now)` first."""
+        return self._top(self._heap, exclude)
+
     def roomiest(self, now: float, exclude: frozenset[str] | tuple = ()) -> ReplicaState | None:
         """The live, non-draining, non-excluded replica with the most room (`room`).
 
-        Cost: O(log R) per stale or excluded entry met on the way (excluded ones are put back).
-        Call `expire(now)` first.
+        Cost (both): O(log R) per stale or excluded entry met on the way (excluded ones are put
+        back). Call `expire(now)` first.
         """
+        return self._top(self._by_room, exclude)
+
+    def _top(self, heap: list, exclude) -> ReplicaState | None:
         skipped = []
         found = None
-        while self._heap:
-            entry = self._heap[0]
+        while heap:
+            entry = heap[0]
             r = self.replicas.get(entry[2])
             if r is None or r.version != entry[1] or r.draining:
-                heapq.heappop(self._heap)
+                heapq.heappop(heap)
             elif not self.is_live(r.replica_id):
-                heapq.heappop(self._heap)  # pushed again by its next report
+                heapq.heappop(heap)  # pushed again by its next report
             elif r.replica_id in exclude:
-                skipped.append(heapq.heappop(self._heap))
+                skipped.append(heapq.heappop(heap))
             else:
                 found = r
                 break
         for entry in skipped:
-            heapq.heappush(self._heap, entry)
+            heapq.heappush(heap, entry)
         return found

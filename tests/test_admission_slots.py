@@ -58,3 +58,13 @@ def test_an_unused_slot_expires_and_a_late_binding_still_places_the_session():
     assert c.placement("late").replica_id == "a"
     c.bind_slot("slot:unknown:1", "nowhere", "gone-replica", "vector", now=3.0)
     assert c.session_count() == 6  # 5 slots + "late"; a replica nobody knows places nothing
+
+
+def test_slots_go_in_turn_like_placements():
+    c = controller()
+    c.report(report("a"), now=0)
+    c.report(report("b", used=20), now=0)  # by room alone a would take every slot
+    slots = [c.grant_slots("ingress-1", "vector", 1, now=t, ttl_s=9.0)[0] for t in (1, 2, 3, 4)]
+    assert [replica for _, replica in slots] == ["a", "b", "a", "b"]
+    # two at one moment: a (placed longest ago), then b (placed before the first of them)
+    assert [r for _, r in c.grant_slots("ingress-2", "vector", 2, now=5, ttl_s=9.0)] == ["a", "b"]

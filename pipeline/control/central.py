@@ -111,8 +111,9 @@ class CentralScheduler:
         if replica_id is not None:
             return {"replica_id": replica_id}
         ready = self._ctl.any_live(now)  # else replicas are starting: "unavailable", no rejection
-        if not self._ctl.enqueue(session_id, source_type, now, exclude_t, count_rejection=ready, **ask):
-            return self._rejection("admission queue full")
+        if not self._ctl.enqueue(session_id, source_type, now, exclude_t, count_rejection=ready,
+                                 deadline_s=timeout_s, **ask):
+            return self._rejection("admission queue full, and queued work would not start within the deadline")
         future = self._waiters[session_id] = asyncio.get_running_loop().create_future()
         self._wake()
         try:
@@ -167,9 +168,10 @@ class CentralScheduler:
         return list(self._closed)
 
     def _rejection(self, reason: str) -> dict:
-        if not self._ctl.any_live(time.monotonic()):  # starting (or all lost): not the load's fault
+        now = time.monotonic()
+        if not self._ctl.any_live(now):  # starting (or all lost): not the load's fault
             return {"unavailable": "no engine replica is ready yet", "retry_after_s": self._ctl.retry_after_s(5.0)}
-        return {"rejected": reason, "retry_after_s": self._ctl.retry_after_s()}
+        return {"rejected": reason, "retry_after_s": self._ctl.retry_after_s(now=now)}
 
     def _wake(self) -> None:
         if not self._ctl.queued():
@@ -217,6 +219,19 @@ class CentralScheduler:
         return {rid: {**asdict(r), "headroom": self._ctl.headroom(rid), "draining": self._ctl.is_draining(rid),
                       "projected_used": self._ctl.projected_used(rid)}
                 for rid, r in self._ctl.reports().items() if rid in live}
+
+
+    def projection_audit(self) -> dict:
+        """Live replicas' per-session projected final blocks, with their capacity and block size
+        (O(sessions): `bench.admission_accuracy`'s snapshot, not a hot path)."""
+        live = self._ctl.live_replicas(time.monotonic())
+        reports = self._ctl.reports()
+        return {rid: {"kv_blocks_total": reports[rid].kv_blocks_total, "block_size": reports[rid].block_size,
+                      "sessions": self._ctl.projections(rid)} for rid in live}
+
+    def final_sizes(self, session_ids: list[str]) -> dict[str, int]:
+        """The context tokens those of `session_ids` that ended recently ended with."""
+        return self._ctl.finals.get(session_ids)
 
 
 def get_or_create_scheduler(config):

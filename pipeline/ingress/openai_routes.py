@@ -5,9 +5,10 @@ The engine replicas serve them with vLLM's own OpenAI serving layer, the classes
 request models do not declare is a 400 naming it. The ingress keeps what it owns in front: the model
 name (404 `model_not_found`), a max_tokens that no prompt could fit (400 `context_length_exceeded`),
 admission by the central scheduler (`admit_request`: a lease on the replica it names, released when
-the request ends; 429 with Retry-After when refused). It forwards the body as the client sent it and
-streams back what the replica yields: vLLM's response or error object with its status, or its SSE
-lines (`data: {...}` chunks, usage when `stream_options.include_usage`, `data: [DONE]`).
+the request ends, with the tokens it held; 429 with Retry-After when refused). It forwards the body
+as the client sent it and streams back what the replica yields: vLLM's response or error object with
+its status, or its SSE lines (`data: {...}` chunks, usage when `stream_options.include_usage`,
+`data: [DONE]`).
 """
 
 from __future__ import annotations
@@ -50,25 +51,38 @@ def _check(ing, body) -> None:
                                     f"{answer} leaves no room for any prompt")
 
 
-async def _admit(ing, body) -> tuple[str, str]:
+async def _admit(ing, route: str, body) -> tuple[str, str]:
     """A lease for the prompt (estimated) and the answers (n x max tokens, or the answer budget when absent)."""
     request_id = uuid.uuid4().hex
     text, token_ids = body.prompt_parts()
     asked = body.answer_tokens()
     answer = asked or ing.config.model.answer_budget_tokens
     return request_id, await ing.client.admit_request(request_id, text, answer, token_ids, answers=body.n or 1,
-                                                      fit_tokens=asked or 1)
+                                                      fit_tokens=asked or 1, kind=route)
+
+
+def _releaser(ing, route: str, body, request_id: str):
+    """The lease's release, with the tokens the request really held; the prompt's count (the
+    engine's) calibrates the estimate later leases are sized by."""
+    seen: list[OpenAITimings] = []
+
+    def release():
+        held = None
+        if seen and seen[-1].prompt_tokens:
+            timings = seen[-1]
+            text, token_ids = body.prompt_parts()
+            ing.client.prompt_estimate(route).observe(len(text), timings.prompt_tokens - token_ids)
+            held = timings.prompt_tokens + timings.output_tokens
+        ing.client.central.release(request_id, held)  # posted: rides the process's next batch
+    return seen, release
 
 
 async def _serve(ing, route: str, body):
     _check(ing, body)
-    request_id, replica_id = await _admit(ing, body)
-
-    def release():
-        ing.client.central.release(request_id)  # posted: rides the process's next batch
-
+    request_id, replica_id = await _admit(ing, route, body)
+    seen, release = _releaser(ing, route, body, request_id)
     items = _replica_items(ing.handle.options(stream=True).openai.remote(route, body.forwarded(),
-                                                                          route_to=replica_id))
+                                                                          route_to=replica_id), seen)
     try:
         head = await items.__anext__()
     except BaseException:
@@ -81,12 +95,14 @@ async def _serve(ing, route: str, body):
     return ClosingStreamingResponse(_lines(ing, route, items, release), media_type="text/event-stream")
 
 
-async def _replica_items(stream):
-    """The replica's items; a stream left early (the client went away) is cancelled, which aborts
-    the request in the engine and frees its KV."""
+async def _replica_items(stream, seen: list):
+    """The replica's items (its `OpenAITimings` also into `seen`); a stream left early (the client
+    went away) is cancelled, which aborts the request in the engine and frees its KV."""
     done = False
     try:
         async for item in stream:
+            if isinstance(item, OpenAITimings):
+                seen.append(item)
             yield item
         done = True
     finally:

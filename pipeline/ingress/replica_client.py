@@ -17,12 +17,13 @@ from pipeline.errors import (AnswerDiverged, AnswerNotReproducible, NeverFits, a
                              is_replica_gone, unwrap)
 from pipeline.replica.answers import AnswerPiece
 from pipeline.sessions.log import SessionLog, new_session_id
+from scheduler.token_estimate import PromptTokenEstimate
 from stream2llm.data.traces import ContextOp
 
 log = logging.getLogger("stream2llm.client")
 
 MAX_RECOVERIES = 2
-CHARS_PER_TOKEN = 3  # a one-shot prompt's tokens, estimated where the ingress has no tokenizer
+CHARS_PER_TOKEN = 3  # the fit check's estimate of a prompt's tokens: high for most text (a tokenizer decides)
 
 
 class EngineClient:
@@ -35,6 +36,7 @@ class EngineClient:
         self._admission_timeout_s = admission_timeout_s
         self._context_limit = context_limit  # tokens a session may hold (AppConfig.context_limit)
         self._max_model_len = max_model_len  # prompt + answer of one request at most
+        self._prompt_estimates: dict[str, PromptTokenEstimate] = {}  # per OpenAI route: a lease's prompt
 
     @property
     def central(self) -> CentralClient:
@@ -53,28 +55,39 @@ class EngineClient:
         return session_id, decision["replica_id"]
 
     async def admit_request(self, request_id: str, text: str, max_tokens: int, token_ids: int = 0,
-                            answers: int = 1, fit_tokens: int | None = None) -> str:
+                            answers: int = 1, fit_tokens: int | None = None, kind: str = "completion") -> str:
         """Admit a one-shot request whose prompt is `text` (its prompt, or its messages' contents) plus
         `token_ids` given as ids, with `answers` answers of up to `max_tokens` each (OpenAI's `n`);
         returns the replica. `NeverFits` (400) at once when prompt plus one answer exceed the model's
         length: the text's tokens are estimated from its characters, and counted by a replica's
         tokenizer only when the estimate says it may not fit (an estimate alone must not refuse a
-        prompt that fits). The lease holds the prompt and every answer. `fit_tokens`: the answer tokens
-        the fit is checked with, when they differ from the lease's (no max_tokens given: vLLM answers
-        in what the prompt leaves, so one token must fit)."""
+        prompt that fits). The lease holds the prompt (the tokenizer's count when it ran, else
+        `prompt_estimate(kind)`'s, calibrated by what replicas counted) and every answer. `fit_tokens`:
+        the answer tokens the fit is checked with, when they differ from the lease's (no max_tokens
+        given: vLLM answers in what the prompt leaves, so one token must fit)."""
         fit = max_tokens if fit_tokens is None else fit_tokens
-        prompt = len(text) // CHARS_PER_TOKEN + token_ids
+        prompt = None
         limit = self._max_model_len
-        if limit is not None and prompt + fit > limit:
+        if limit is not None and len(text) // CHARS_PER_TOKEN + token_ids + fit > limit:
             prompt = (len(await self._handle.tokenize.remote(text)) if text else 0) + token_ids
             if prompt + fit > limit:
                 raise NeverFits(f"the prompt ({prompt} tokens) plus {fit} answer tokens "
                                 f"exceed the model's length of {limit} tokens")
+        if prompt is None:  # the lease's size: the estimate calibrated by the replicas' counts
+            prompt = self.prompt_estimate(kind).tokens(len(text)) + token_ids
         tokens = prompt + answers * max_tokens
         decision = await self._central.admit_request(request_id, tokens, self._admission_timeout_s)
         if (error := admission_error(decision)) is not None:
             raise error
         return decision["replica_id"]
+
+    def prompt_estimate(self, kind: str) -> PromptTokenEstimate:
+        """The estimate of a one-shot prompt's tokens from its text for `kind` (an OpenAI route);
+        `observe` it with what the replica counted."""
+        estimate = self._prompt_estimates.get(kind)
+        if estimate is None:
+            estimate = self._prompt_estimates[kind] = PromptTokenEstimate(CHARS_PER_TOKEN)
+        return estimate
 
     async def open(self, source_type: str, owner: str | None = None) -> SessionLog:
         """Admit and open a session; `owner`: the ingress actor that alone drives it (its replica
