@@ -20,7 +20,8 @@ placed on it) moves each session the session store holds for it, a few at a time
    budget spent) leaves the record as it was, and the next call replays the session as before.
 Outcomes are counted at the central scheduler (`CentralScheduler.note_moves`: `moved`,
 `move_failed`; the ingress counts `replayed`). One-request sessions (`/v1/rag`) are calls in flight,
-finished by Serve's wait, and are not moved.
+finished by Serve's wait, and are not moved; nor is anything when the whole application is being
+deleted (`serve shutdown`): there is nowhere to move to.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ DRAIN_BUDGET_FRAC = 0.6
 async def move_out(replica_id: str, session_ids: list[str], config, scheduler) -> Counter:
     """From the stopping replica's `__del__`: move `session_ids` (sessions of the store open there)
     through the engine deployment's own handle, and add the outcomes to the central scheduler's."""
+    deployment = serve.get_replica_context().replica_id.deployment_id
+    if not await _app_stays(deployment.app_name):
+        log.info("replica %s stopping with its application: its %d open sessions end with it",
+                 replica_id, len(session_ids))
+        return Counter()
     try:
-        deployment = serve.get_replica_context().replica_id.deployment_id
         handle = serve.get_deployment_handle(deployment.name, deployment.app_name)
         mover = SessionMover(replica_id, SessionStore(config), scheduler, handle,
                              budget_s=config.replicas.drain_timeout_s * DRAIN_BUDGET_FRAC)
@@ -61,6 +66,19 @@ async def move_out(replica_id: str, session_ids: list[str], config, scheduler) -
     with contextlib.suppress(Exception):
         await asyncio.wait_for(scheduler.note_moves.remote(dict(outcomes)), 5.0)
     return outcomes
+
+
+async def _app_stays(app_name: str) -> bool:
+    """Whether the application goes on (a scale-down, a redeploy), not being deleted (`serve
+    shutdown`, `serve delete`): then there is nowhere to move to."""
+    def status() -> str:
+        app = serve.status().applications.get(app_name)
+        return "" if app is None else str(getattr(app.status, "value", app.status))
+
+    try:
+        return (await asyncio.wait_for(asyncio.to_thread(status), 10.0)) not in ("", "DELETING")
+    except Exception:  # noqa: BLE001 - the controller gone or shutting down: so is the application
+        return False
 
 
 class SessionMover:
