@@ -8,12 +8,14 @@ deployed from a Serve config file with `serve deploy` (the tiny model), as clust
 with deploy/serve.yaml. Client sessions then arrive faster than one engine replica's KV holds them:
 Serve's autoscaling policy asks for a second replica, which fits on no running node, so Ray's
 autoscaler launches a worker node and Serve places the replica there. Sessions hold their context
-until then; the first to reach its question on each replica lingers through the scale-down (the one
-on the replica Serve stops moves by replay). Then the load ends: Serve goes back to one replica,
-the autoscaler removes the idle node after `idle_timeout_minutes`, and the lingering sessions are
-answered. Figures: `nodes_launched` (worker nodes started under load), `replicas_on_new_node`,
-`answered_on_new_node`, `lost` (sessions neither answered nor refused with 429: must be 0), the
-node and replica counts after the scale-down, a timeline. Exit status 1 when a target is missed.
+until then; the first to reach its question on each replica lingers through the scale-down. Then the
+load ends: Serve goes back to one replica (the one it stops moves its open session to the other
+before it stops: `pipeline.replica.drain`), the autoscaler removes the idle node after
+`idle_timeout_minutes`, and the lingering sessions are answered. Figures: `nodes_launched` (worker
+nodes started under load), `replicas_on_new_node`, `answered_on_new_node`, `lost` (sessions neither
+answered nor refused with 429: must be 0), `moves` (the central scheduler's count of sessions
+`moved` by a stopping replica, `move_failed`, `replayed` from scratch: must be 0), the node and
+replica counts after the scale-down, a timeline. Exit status 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -179,7 +181,8 @@ def drive(base: str, min_workers: int) -> dict:
     obs.join()
     new = obs.new_nodes()
     kinds = [r[0] if r else "lost" for r in results]
-    pressure = httpx.get(f"{base}/v1/cluster", timeout=10).json()["pressure"]
+    view = httpx.get(f"{base}/v1/cluster", timeout=10).json()
+    pressure = view["pressure"]
     return {
         "worker_nodes_at_start": len(obs.workers_at_start),
         "nodes_launched": len(new),
@@ -189,6 +192,7 @@ def drive(base: str, min_workers: int) -> dict:
         "lost": sum(k not in ("answered", "rejected") for k in kinds),
         "lingering": {str(i): results[i] for i in lingering.values()},
         "recovered": sum(r is not None and r[0] == "answered" and bool(r[2]) for r in results),
+        "moves": view["moves"],
         "scaled_back_replicas": replicas_down, "scaled_back_nodes": nodes_down,
         "worker_nodes_after": len(worker_nodes()), "running_replicas_after": running_replicas(),
         "sessions_after": pressure["sessions"], "queued_after": pressure["queued"],
@@ -199,6 +203,7 @@ def drive(base: str, min_workers: int) -> dict:
 
 def targets_met(report: dict, min_workers: int) -> bool:
     return (report["nodes_launched"] >= 1 and report["replicas_on_new_node"] >= 1 and report["lost"] == 0
+            and report["moves"]["replayed"] == 0
             and report["worker_nodes_after"] == min_workers and report["running_replicas_after"] == 1
             and report["sessions_after"] == 0)
 

@@ -48,8 +48,11 @@ def engine_deployment(config: AppConfig):
         "ray_actor_options": with_serve_loop_env(placement["ray_actor_options"]),
         "max_ongoing_requests": r.max_ongoing_requests,
         "health_check_period_s": r.health_check_period_s,
-        # Scale-down: the replica's shutdown drains its open sessions (central marks it draining).
+        # Scale-down: Serve waits for the calls in flight (polling every wait_loop_s; a call for a
+        # session of the stopping replica meanwhile replays it elsewhere, so the poll is short), then
+        # the replica's __del__ moves its open sessions to others (`pipeline.replica.drain`).
         "graceful_shutdown_timeout_s": r.drain_timeout_s,
+        "graceful_shutdown_wait_loop_s": min(2.0, r.report_interval_s),
         "request_router_config": RequestRouterConfig(
             request_router_class=AffinityRouter,
             request_routing_stats_period_s=r.report_interval_s,

@@ -41,8 +41,9 @@ class ReplicaSettings(_Section):
     scheduler_num_cpus: float = Field(0.0, ge=0, description="CPUs of the central scheduler actor.")
     drain_timeout_s: float = Field(120.0, gt=0, description=(
         "How long a replica chosen for scale-down may take to finish its in-flight calls (answer streams) "
-        "before it is stopped (Serve's graceful_shutdown_timeout_s); sessions still open on it then move by "
-        "replay to another replica."))
+        "and move its open streaming sessions to other replicas before it is stopped (Serve's "
+        "graceful_shutdown_timeout_s; the moves get 60% of it, pipeline.replica.drain); a session not moved "
+        "by then is replayed on its next call."))
 
     @model_validator(mode="after")
     def _bounds(self):

@@ -64,9 +64,10 @@ def test_final_event_and_targets():
     assert final_event(sse) == {"node_id": "n", "recovered": False}
     assert final_event('event: error\ndata: {"error": "x"}\n\n') is None
     good = {"nodes_launched": 1, "replicas_on_new_node": 1, "lost": 0, "worker_nodes_after": 1,
-            "running_replicas_after": 1, "sessions_after": 0}
+            "running_replicas_after": 1, "sessions_after": 0, "moves": {"moved": 1, "replayed": 0}}
     assert targets_met(good, 1)
-    for key, bad in (("nodes_launched", 0), ("replicas_on_new_node", 0), ("lost", 1), ("worker_nodes_after", 2)):
+    for key, bad in (("nodes_launched", 0), ("replicas_on_new_node", 0), ("lost", 1), ("worker_nodes_after", 2),
+                     ("moves", {"moved": 0, "replayed": 1})):
         assert not targets_met({**good, key: bad}, 1), key
 
 
@@ -90,5 +91,6 @@ def test_ray_autoscaler_launches_a_node_for_a_replica_and_removes_it(tmp_path):
     assert report["lost"] == 0 and not report["failures"], summary
     assert report["answered"] >= 6 and report["rejected"] >= 1, summary
     assert len(report["lingering"]) == 2 and all(v[0] == "answered" for v in report["lingering"].values()), summary
+    assert report["moves"]["replayed"] == 0 and report["moves"]["moved"] >= 1, summary  # drained, not replayed
     assert report["scaled_back_replicas"] and report["scaled_back_nodes"], summary
     assert report["targets_met"], summary

@@ -43,8 +43,9 @@ class _Central:
     """Places every session on `placed`; records releases."""
 
     def __init__(self, placed: str = "r1"):
-        self.placed, self.released = placed, []
+        self.placed, self.released, self.moves = placed, [], []
         self.batch = _Method(self._batch)
+        self.note_moves = _Method(self.moves.append)
 
     async def _batch(self, releases, asks, *slot_traffic):
         self.released += [sid for sid, _ in releases]
@@ -112,3 +113,4 @@ def test_a_recovery_replays_to_the_replica_its_open_landed_on():
     assert session.replica_id == "other" and session.recovered == 1
     assert [where for where, _ in replicas.context] == ["other", "other"]
     assert central.released == ["s1"]  # the placement on "placed" is given back; "other" adopts it
+    assert central.moves == [{"replayed": 1}]

@@ -3,8 +3,9 @@
 Sessions arrive faster than one replica's KV holds them: the central scheduler's projected KV use
 and admission queue rise, the policy asks for a second replica, queued sessions land on it, the
 overflow gets 429 + Retry-After; when the load is gone the policy scales back to the minimum.
-The first session to reach its question on each replica lingers (context held, no question) through
-the scale-down: the one on the replica Serve stopped moves by replay, and both are answered.
+The first session to reach its question on each replica lingers, context held and no
+question asked, through the scale-down: the one on the replica Serve stopped is moved by it before it
+stops (`pipeline.replica.drain`), so all are answered and none is replayed.
 Tiny model, half a CPU per replica (this machine has 2 cores), short autoscaling delays.
 """
 
@@ -84,8 +85,11 @@ class Watcher(threading.Thread):
             self.stop.wait(0.5)
 
 
+LINGER_PER_REPLICA = 1  # more would hold the KV use above the target: no scale-down
+
+
 class Lingering:
-    """Picks one session per replica to stay open through the scale-down (first come on each)."""
+    """Picks sessions on each replica to stay open through the scale-down (first come on each)."""
 
     def __init__(self):
         self.replica_of: dict[int, str] = {}  # session index -> the replica it was on before
@@ -94,7 +98,7 @@ class Lingering:
 
     def claim(self, i: int, replica_id: str) -> bool:
         with self._lock:
-            if replica_id in self.replica_of.values():
+            if list(self.replica_of.values()).count(replica_id) >= LINGER_PER_REPLICA:
                 return False
             self.replica_of[i] = replica_id
             return True
@@ -178,9 +182,17 @@ def test_load_ramp_scales_up_then_down_and_loses_no_session(base):
     assert watcher.scaled_under_load  # the second replica came while sessions were open
     pressure = httpx.get(f"{base}/v1/cluster", timeout=10).json()["pressure"]
     assert pressure["sessions"] == 0 and pressure["queued"] == 0
-    # Sessions open through the scale-down: one was on each replica, so one was on the stopped one.
-    assert len(lingering.replica_of) == 2 and len(survivor) == 1, (lingering.replica_of, survivor)
+    # Sessions open through the scale-down: some were on each replica, so some on the stopped one.
+    lingered = list(lingering.replica_of.values())
+    assert len(set(lingered)) == 2 and len(survivor) == 1, (lingering.replica_of, survivor)
+    on_victim = sum(before not in survivor for before in lingered)
     for i, before in lingering.replica_of.items():
         kind, replica, recovered = results[i]
         assert kind == "answered" and replica in survivor, results[i]
-        assert recovered == (before not in survivor), (i, before, results[i])  # moved by replay
+        assert not recovered, (i, before, results[i])  # moved before the replica stopped, not replayed
+    deadline = time.monotonic() + 60  # the stopped replica counts its moves as its last act
+    while sum((moves := httpx.get(f"{base}/v1/cluster", timeout=10).json()["moves"]).values()) < on_victim \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
+    print(f"session moves: {moves}; lingering on the stopped replica: {on_victim}")
+    assert moves == {"moved": on_victim, "move_failed": 0, "replayed": 0}, moves

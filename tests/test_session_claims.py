@@ -99,3 +99,32 @@ def test_a_failed_change_frees_its_claim_and_commits_never_lower_the_seq(config)
     log, duplicate = asyncio.run(scenario())
     assert duplicate and log.last_seq == 3
     assert [text for _, text in log.ops] == ["three", "two"]
+
+
+def test_a_move_holds_reads_of_the_session_until_it_ends_and_one_mover_at_a_time(config):
+    """The move mark (scale-down drain, `pipeline.replica.drain`): a read of the session while it
+    moves waits and then sees where it went; so does a second mover, which is then refused (the
+    replica it names no longer holds the session); a failed move leaves the record as it was; a
+    pending change (claim) keeps a stopping replica's mover off."""
+    store = SessionStore(AppConfig.model_validate(config), owner="SERVE_REPLICA::ingress-d")
+
+    async def scenario():
+        await store.add(SessionLog("m", "client", "victim"))
+        moving = await store.begin_move("m", "victim")
+        assert moving is not None and moving.replica_id == "victim"
+        second = asyncio.ensure_future(store.begin_move("m", "victim"))  # one mover at a time ...
+        read = asyncio.ensure_future(store.get("m", for_change=False))
+        await asyncio.sleep(0.5)
+        assert not read.done() and not second.done()  # ... and a read waits for the move to end
+        moving.replica_id, moving.node_id, moving.context_tokens = "target", "n2", 42
+        assert await store.end_move(moving)
+        after, _ = await asyncio.wait_for(read, 30)
+        assert (after.replica_id, after.context_tokens) == ("target", 42)
+        assert await asyncio.wait_for(second, 30) is None  # the session is not on "victim" any more
+        again = await store.begin_move("m", "target")
+        assert await store.end_move(None, "m")  # failed: nothing changes
+        assert (await store.get("m", for_change=False))[0].replica_id == "target" and again is not None
+        await store.get("m", claim_seq=0)  # a change being applied ...
+        assert await store.begin_move("m", "target", yield_to_changes=True) is None  # ... its ingress recovers it
+
+    asyncio.run(scenario())

@@ -16,8 +16,8 @@ central scheduler before any call reaches a replica, so Serve's cold-start path 
 handles) never sees them. On scale-down Serve stops a replica of its choosing: it takes it out of
 routing and lets its in-flight calls (answer streams) finish within `graceful_shutdown_timeout_s`
 (`replicas.drain_timeout_s`); the replica's shutdown marks it draining at the central scheduler
-(`pipeline.control.central_client.drain_replica`), and a session still open on it moves by replay on its
-next call.
+(`pipeline.control.central_client.drain_replica`) and moves the streaming sessions still open on it
+to other replicas before it stops (`pipeline.replica.drain`), so their next call finds them ready.
 """
 
 from __future__ import annotations

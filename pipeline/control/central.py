@@ -28,6 +28,11 @@ from pipeline.control.home import control_placement
 from scheduler.admission import AdmissionController, DemandModel, ReplicaReport, UnknownSessionError
 
 NAMESPACE = "stream2llm"
+# How sessions left a replica's KV for another's, counted since the actor started: `moved` (a
+# scale-down's victim prefilled it on another replica before stopping), `move_failed` (no room, an
+# error, or its drain ran out of time: the next call replays it), `replayed` (a call found its
+# replica gone or stopped and rebuilt the context from scratch: `EngineClient.recover`).
+MOVE_OUTCOMES = ("moved", "move_failed", "replayed")
 ONESHOT_SOURCE = "oneshot"
 
 
@@ -60,6 +65,7 @@ class CentralScheduler:
         self._slot_s = 2.0
         self._closed: dict[str, float] = {}  # replica -> when it began draining or was found dead
         self._waiters: dict[str, asyncio.Future] = {}
+        self._moves: dict[str, int] = dict.fromkeys(MOVE_OUTCOMES, 0)
         self.started_at = time.time()
         self.configure({**settings, **(self._published() or {})})
 
@@ -204,6 +210,15 @@ class CentralScheduler:
         if draining:
             self._closed[replica_id] = time.monotonic()
         return self._ctl.set_draining(replica_id, draining)
+
+    def note_moves(self, counts: dict) -> None:
+        """Add session move outcomes (`MOVE_OUTCOMES`)."""
+        for outcome, n in counts.items():
+            if outcome in self._moves:
+                self._moves[outcome] += int(n)
+
+    def moves(self) -> dict:
+        return dict(self._moves)
 
     def sessions_on(self, replica_id: str) -> int:
         return self._ctl.sessions_on(replica_id)

@@ -176,8 +176,9 @@ async def drain_replica(handle, replica_id: str, timeout_s: float = 5.0) -> int 
 
     Returns the sessions still placed there (None when the actor did not answer in time). Serve
     has already taken the stopping replica out of routing and let its in-flight calls finish
-    (within `graceful_shutdown_timeout_s`); a session still open on it moves by replay on its next
-    call (`admit(..., recovery=True)` excludes this replica). Call it from the replica's shutdown.
+    (within `graceful_shutdown_timeout_s`); the replica then moves its open sessions elsewhere
+    (`pipeline.replica.drain`; `admit(..., recovery=True)` excludes this replica). Call it from the
+    replica's shutdown.
     """
     try:
         return await asyncio.wait_for(handle.drain.remote(replica_id), timeout=timeout_s)

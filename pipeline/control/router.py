@@ -5,7 +5,8 @@ session was admitted; the router sends the call there, so every chunk of a sessi
 replica that holds its KV. Calls without it (OpenAI endpoints, stats) go to the replica with the
 most free KV blocks according to `record_routing_stats`. When the named replica is gone (killed,
 scaled down) the call goes to the best other replica, which answers `SessionNotFoundError`, and
-the ingress replays the session's context there (recovery).
+the ingress replays the session's context there (recovery), unless the stopping replica moved the
+session meanwhile (`pipeline.replica.drain`): then the call goes where it is now.
 
 Only a replica the router has never listed is waited for (one just started), and only by the
 call that opens a session; the wait lets Serve back off between tries (`should_backoff`), so the

@@ -56,9 +56,6 @@ class Ingress:
     def __init__(self, engine_handle, config: dict):
         self.config = AppConfig.model_validate(config)
         self.scheduler = get_or_create_scheduler(self.config)
-        self.client = EngineClient(engine_handle, self.scheduler, self.config.limits.admission_timeout_s,
-                                   self.config.context_limit, self.config.scheduler.admission_slots,
-                                   max_model_len=self.config.model.max_model_len)
         self.handle = engine_handle
         # Session records live in shard actors (any ingress replica serves any session); idle
         # sessions are dropped there and aborted by their replicas after the TTL.
@@ -66,6 +63,9 @@ class Ingress:
         self.ingress_id = replica.unique_id
         self.actor_name = replica.to_full_id_str()  # what replicas and shards look up: is this ingress alive
         self.sessions = SessionStore(self.config, owner=self.actor_name)
+        self.client = EngineClient(engine_handle, self.scheduler, self.config.limits.admission_timeout_s,
+                                   self.config.context_limit, self.config.scheduler.admission_slots,
+                                   max_model_len=self.config.model.max_model_len, sessions=self.sessions)
         self.metrics = PipelineMetrics()
         self.actors = RetrieverActors(self.config)
         LimitsMiddleware.configure(self.config.limits.max_request_bytes, self.config.auth.bearer_tokens,
@@ -126,20 +126,21 @@ class IngressRoutes(Ingress):
 
     @_route("get", "/metrics", response_class=Response, responses=text_response("text/plain", "Prometheus text format."))
     async def metrics_route(self):
-        replicas, pressure = await asyncio.gather(self.scheduler.replicas.remote(),
-                                                  self.scheduler.pressure.remote())
-        self.metrics.refresh(replicas, pressure)
+        replicas, pressure, moves = await asyncio.gather(self.scheduler.replicas.remote(),
+                                                         self.scheduler.pressure.remote(), self.scheduler.moves.remote())
+        self.metrics.refresh(replicas, pressure, moves)
         self.metrics.count_admissions(self.client.central.from_slots, self.client.central.through_actor)
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
     @_route("get", "/v1/cluster")
     async def cluster(self):
-        """The central scheduler's view (pressure, live replicas) and this ingress's routing exits."""
-        replicas, pressure = await asyncio.gather(self.scheduler.replicas.remote(),
-                                                  self.scheduler.pressure.remote())
+        """The central scheduler's view (pressure, live replicas, how sessions moved between replicas:
+        `pipeline.control.central.MOVE_OUTCOMES`) and this ingress's routing exits."""
+        replicas, pressure, moves = await asyncio.gather(self.scheduler.replicas.remote(),
+                                                         self.scheduler.pressure.remote(), self.scheduler.moves.remote())
         # this ingress's router: when it stopped routing to replicas that left (the drills read it)
         routing = {"ingress": self.ingress_id, "exits": dict(ROUTING_EXITS), "listed": sorted(LISTED)}
-        return {"pressure": pressure, "replicas": replicas, "routing": routing}
+        return {"pressure": pressure, "replicas": replicas, "routing": routing, "moves": moves}
 
     @_route("post", "/v1/rag", responses={**event_stream_or_json("The answer: SSE events (context, token, final), or JSON."),
                                        **error_responses(*BODY_ERRORS, 404, 409, 429, 501, 503)})

@@ -51,6 +51,9 @@ class PipelineMetrics:
             "(`slot`: an admission slot held here, no actor call; `actor`: a call to the central actor)",
             ["path"], registry=r)
         self.pressure = Gauge("stream2llm_cluster_kv_projected_ratio", "Projected cluster KV use", registry=r)
+        self.moves = Gauge("stream2llm_session_moves", "Sessions that left a replica for another, cluster-wide "
+                           "since the central scheduler started: moved by a stopping replica, move_failed, "
+                           "replayed from scratch", ["outcome"], registry=r)
         # this ingress replica's own process: CPU seconds, memory, open files (benchmarks read its CPU)
         ProcessCollector(namespace=INGRESS_PROCESS, registry=r)
 
@@ -70,7 +73,7 @@ class PipelineMetrics:
         self.admissions.labels("slot").set(from_slots)
         self.admissions.labels("actor").set(through_actor)
 
-    def refresh(self, replicas: dict, pressure: dict) -> None:
+    def refresh(self, replicas: dict, pressure: dict, moves: dict | None = None) -> None:
         for name in ("kv_used", "kv_total", "kv_usage", "sessions", "preemptions"):
             getattr(self, name).clear()  # replicas that went away must disappear
         for rid, r in replicas.items():
@@ -82,6 +85,8 @@ class PipelineMetrics:
             self.preemptions.labels(rid, "recompute").set(r.get("preemptions", 0))
         self.queued.set(pressure.get("queued", 0))
         self.pressure.set(pressure.get("projected_frac", 0.0))
+        for outcome, n in (moves or {}).items():
+            self.moves.labels(outcome).set(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

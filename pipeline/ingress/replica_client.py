@@ -13,7 +13,7 @@ from collections import Counter
 from engine.api import SessionNotFoundError
 from pipeline.control.central_client import CentralClient
 from pipeline.ingress.cleanup import cleanup
-from pipeline.errors import (AnswerDiverged, AnswerNotReproducible, NeverFits, admission_error,
+from pipeline.errors import (AnswerDiverged, AnswerNotReproducible, NeverFits, SessionGone, admission_error,
                              is_replica_gone, unwrap)
 from pipeline.replica.answers import AnswerPiece
 from pipeline.sessions.log import SessionLog, new_session_id
@@ -28,8 +28,11 @@ CHARS_PER_TOKEN = 3  # the fit check's estimate of a prompt's tokens: high for m
 
 class EngineClient:
     def __init__(self, handle, scheduler, admission_timeout_s: float, context_limit: int,
-                 admission_slots: int = 0, max_model_len: int | None = None):
+                 admission_slots: int = 0, max_model_len: int | None = None, sessions=None):
+        """`sessions`: the session store (`pipeline.sessions.store.SessionStore`) whose sessions move
+        under its move mark (a scale-down may be moving one: `pipeline.replica.drain`)."""
         self._handle = handle
+        self._sessions = sessions
         self._scheduler = scheduler            # the raw handle: replica_died
         # admissions and releases, batched per process; plain admissions from slots when granted
         self._central = CentralClient(scheduler, slots=admission_slots)
@@ -142,13 +145,42 @@ class EngineClient:
 
     async def recover(self, session: SessionLog, dead: bool) -> None:
         """Re-admit the session elsewhere and rebuild its context there: the client's logged ops,
-        or the retriever call run again (the ingress keeps no retrieved text)."""
+        or the retriever call run again (the ingress keeps no retrieved text). A session of the
+        store that a stopping replica moved meanwhile is not rebuilt: the call goes where it is now."""
         old = session.replica_id
-        log.warning("session %s lost its replica %s (dead=%s): replaying %d ops%s", session.session_id, old,
-                    dead, len(session.ops), " and its retrieval" if session.retrieval_done else "")
         if dead:
             self._central.replica_died(old)
             await self._scheduler.replica_died.remote(old)
+        marked = False
+        if self._sessions is not None and session.owner is None:  # a session of the store
+            marked = await self._sessions.begin_move(session.session_id, old) is not None
+            if not marked and await self._moved_meanwhile(session, old):
+                return
+        replayed = False
+        try:
+            await self._replay(session, old, dead)
+            replayed = True
+        finally:
+            if marked:
+                await self._sessions.end_move(session if replayed else None, session.session_id)
+        self._scheduler.note_moves.remote({"replayed": 1})  # counted cluster-wide (no reply awaited)
+
+    async def _moved_meanwhile(self, session: SessionLog, old: str) -> bool:
+        """Whether another mover (a stopping replica) moved the session off `old`: then `session`
+        points where it is now. Read once that move ended (the store's read waits for it)."""
+        try:
+            now, _ = await self._sessions.get(session.session_id, for_change=False)
+        except SessionGone:  # finished (this is its answer's call) or gone: replay as before
+            return False
+        if now.replica_id == old:
+            return False
+        log.info("session %s was moved from %s to %s meanwhile", session.session_id, old, now.replica_id)
+        session.replica_id, session.node_id, session.context_tokens = now.replica_id, now.node_id, now.context_tokens
+        return True
+
+    async def _replay(self, session: SessionLog, old: str, dead: bool) -> None:
+        log.warning("session %s lost its replica %s (dead=%s): replaying %d ops%s", session.session_id, old,
+                    dead, len(session.ops), " and its retrieval" if session.retrieval_done else "")
         _, replica_id = await self.admit(session.source_type, exclude=[old], session_id=session.session_id)
         await self._open_on(session, replica_id)
         if session.retrieval_done:  # run again, into the new replica (the client has its events)

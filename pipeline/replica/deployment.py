@@ -26,6 +26,7 @@ from pipeline.errors import ContextLimitExceeded, SessionConflict, SessionGone, 
 from pipeline.replica.context import (ContextLimits, RetrieverCall, Tokenizer, answer_pieces, coalesce, pull,
                                       pump, settle_replacements)
 from pipeline.control.liveness import serve_actor_alive
+from pipeline.replica.drain import move_out
 from pipeline.replica.session_owners import IDLE_BEFORE_CHECK_S, SessionOwners
 from stream2llm.data.traces import ContextOp
 
@@ -49,6 +50,7 @@ class EngineReplica:
         self._owners = SessionOwners(serve_actor_alive)
         self._busy: set[str] = set()
         self._applied_seq: dict[str, int] = {}  # open session -> client seq of the change applied last
+        self._arriving: dict[str, asyncio.Event] = {}  # sessions being adopted -> set once their context is in
         self._last_stats: dict = {}
         self._pressure: dict = {}
         self._tokenize = Tokenizer(self._engine.tokenize)
@@ -73,6 +75,10 @@ class EngineReplica:
         """Append or replace (`op`); `limit` caps the session's context tokens. `seq`: the client's
         sequence number; the change applied last here is not applied twice (its ingress died before
         recording it and a retry brought it again), an older one is refused."""
+        await self._arrived(session_id)
+        return await self._change(session_id, op, text, limit, seq)
+
+    async def _change(self, session_id: str, op: ContextOp, text: str, limit: int | None, seq: int | None) -> int:
         self._known(session_id)
         last = self._applied_seq.get(session_id, -1)
         if seq is not None and seq <= last:
@@ -96,10 +102,37 @@ class EngineReplica:
             self._busy.discard(session_id)
             self._touch(session_id)
 
+    async def adopt(self, session_id: str, source_type: str, ops: list, last_seq: int = -1, route_to=None) -> dict:
+        """Take over a session from a replica that is stopping (`pipeline.replica.drain`): open it and
+        prefill its logged context (`ops`, in order); its other calls here wait until that is done."""
+        if session_id in self._touched:
+            raise SessionConflict(f"session {session_id} is already open on replica {self.replica_id}")
+        arrived = self._arriving[session_id] = asyncio.Event()
+        try:
+            info = await self.open_session(session_id, source_type)
+            tokens = 0
+            for op, text in ops:
+                tokens = await self._change(session_id, ContextOp(op), text, None, None)
+            self._applied_seq[session_id] = last_seq
+        except BaseException:
+            await self.abort(session_id)
+            raise
+        finally:
+            del self._arriving[session_id]
+            arrived.set()
+        return {**info, "context_tokens": tokens}
+
+    async def _arrived(self, session_id: str) -> None:
+        """A session being adopted here (`adopt`) is used only once its context is in."""
+        arriving = self._arriving.get(session_id)
+        if arriving is not None:
+            await arriving.wait()
+
     async def stream_context(self, session_id: str, call: RetrieverCall, route_to=None):
         """Pull a retriever actor's stream into the session (prefilling each piece as it comes, a
         replacement once it settles); yield (event, data) summaries: context, context_skipped,
         source_error, retrieval_done."""
+        await self._arrived(session_id)
         self._known(session_id)
         self._busy.add(session_id)
         limits = ContextLimits(self._config.limits.max_chunks_per_session, self._config.context_limit)
@@ -121,6 +154,7 @@ class EngineReplica:
         if self._answers.get(session_id) is not None:
             raise SessionConflict(f"session {session_id} was already finished; reconnect with "
                                   "Last-Event-ID to get the rest of its answer")
+        await self._arrived(session_id)
         self._known(session_id)
         self._busy.add(session_id)
         log = self._answers.start(session_id, self._produce(session_id, question, sampling))
@@ -303,11 +337,19 @@ class EngineReplica:
         reporter = getattr(self, "_reporter", None)
         if reporter is not None:
             reporter.cancel()
+        if getattr(self, "_scheduler", None) is not None:
+            await self._move_sessions_out()
         if getattr(self, "_tokenize", None) is not None:
             self._tokenize.close()
         engine = getattr(self, "_engine", None)
         if engine is not None:
             await engine.shutdown()
+
+    async def _move_sessions_out(self) -> None:
+        """Move the store-held sessions open here to other replicas before stopping."""
+        held = [sid for sid in self._touched if not self._owners.owned(sid)]
+        if held:
+            await move_out(self.replica_id, held, self._config, self._scheduler)
 
 
 def _is_text(item) -> bool:

@@ -30,6 +30,10 @@ class SessionOwners:
         if owner:
             self._owner[session_id] = owner
 
+    def owned(self, session_id: str) -> bool:
+        """Whether an ingress drives the session (a one-request session, not one the store holds)."""
+        return session_id in self._owner
+
     def forget(self, session_id: str) -> None:
         self._owner.pop(session_id, None)
 

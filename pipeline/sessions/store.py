@@ -19,6 +19,11 @@ and commit), the next claim takes it over and applies the change: no hole (a rep
 it already does not do it twice: `EngineReplica.change_context`'s `seq`). Claims
 live in the shard's memory only (a restarted shard forgets them, which is what a dead holder's
 claim amounts to).
+
+A session moves to another replica (scale-down: `pipeline.replica.drain`; a lost replica: the
+ingress's recovery) under the shard's move mark (`begin_move` .. `end_move`): one mover at a time,
+and every read of the session waits for the move to end (`MOVE_WAIT_S` at most), so a client's next
+call finds the record pointing at where its context now is.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from pipeline.sessions.log import SessionLog
 
 logger = logging.getLogger(__name__)
 _GONE = object()
+MOVE_WAIT_S = 60.0  # a move not ended by then is taken for its mover's death: readers go on
 FIELDS = ("session_id", "source_type", "replica_id", "node_id", "context_tokens", "recovered",
           "last_seq", "created_at")
 
@@ -59,6 +65,7 @@ class SessionShard:
         self._finished: dict[str, float] = {sid: now - ago for sid, ago in loaded.finished_ago_s.items()}
         self._sweeper: asyncio.Task | None = None
         self._claims: dict[str, dict[int, str | None]] = {}  # session -> uncommitted seq -> claiming ingress
+        self._moving: dict[str, tuple[asyncio.Event, float]] = {}  # session -> (move ended, began at)
 
     def _start_sweeper(self) -> None:
         if self._sweeper is None:  # started from a call: the actor's event loop runs it
@@ -88,6 +95,7 @@ class SessionShard:
         above the last committed one, or below a live claim: `duplicate` (a retry: no-op). Equal to
         a live claim: `busy` (being applied). Else the claim is taken."""
         self._start_sweeper()  # a restarted shard's first call may be a read of its reloaded records
+        await self._settled(session_id)
         if session_id in self._finished:
             return {"finished": True}
         record = self._records.get(session_id)
@@ -140,9 +148,10 @@ class SessionShard:
         self._touched[session_id] = time.monotonic()
         return True
 
-    def finish(self, session_id: str) -> dict:
+    async def finish(self, session_id: str) -> dict:
         """Mark finished (atomic: exactly one caller gets the record); `{}` if unknown, `{"finished":
         true}` if it was finished already."""
+        await self._settled(session_id)
         if session_id in self._finished:
             return {"finished": True}
         record = self._records.pop(session_id, None)
@@ -154,7 +163,49 @@ class SessionShard:
         self._finished[session_id] = time.monotonic()
         return record
 
-    def drop(self, session_id: str) -> bool:
+    async def begin_move(self, session_id: str, from_replica: str, yield_to_changes: bool = False) -> dict:
+        """Take the move mark of a session held by `from_replica`: the record, or `{}` when it is not
+        there (unknown, finished, already moved, being moved) or, with `yield_to_changes`, while a
+        client change is being applied (its ingress recovers the session itself)."""
+        await self._settled(session_id)
+        record = self._records.get(session_id)
+        if record is None or record["replica_id"] != from_replica or session_id in self._moving:
+            return {}
+        if yield_to_changes and self._claims.get(session_id):
+            return {}
+        self._moving[session_id] = (asyncio.Event(), time.monotonic())
+        return record
+
+    def end_move(self, session_id: str, fields: dict | None) -> bool:
+        """End a move: `fields` (the new replica, node and context size) are recorded, None when the
+        move failed (the record stays as it was). False if the record went meanwhile."""
+        ended, _ = self._moving.pop(session_id, (None, 0.0))
+        record = self._records.get(session_id)
+        if fields and record is not None:
+            self._journal.changed(session_id, None, None, fields, touches=False)
+            apply_change(record, None, None, fields)
+        if ended is not None:
+            ended.set()
+        return record is not None
+
+    async def _settled(self, session_id: str) -> None:
+        """Wait for a move of the session to end; one older than MOVE_WAIT_S is dropped (its mover died)."""
+        moving = self._moving.get(session_id)
+        if moving is None:
+            return
+        ended, began = moving
+        try:
+            await asyncio.wait_for(ended.wait(), max(0.0, MOVE_WAIT_S - (time.monotonic() - began)))
+        except asyncio.TimeoutError:
+            if self._moving.get(session_id) is moving:
+                logger.warning("session %s: its move did not end within %.0f s; going on", session_id, MOVE_WAIT_S)
+                del self._moving[session_id]
+
+    async def drop(self, session_id: str) -> bool:
+        await self._settled(session_id)
+        return self._drop(session_id)
+
+    def _drop(self, session_id: str) -> bool:
         self._touched.pop(session_id, None)
         self._claims.pop(session_id, None)
         if self._records.pop(session_id, None) is None:
@@ -170,7 +221,7 @@ class SessionShard:
             await asyncio.sleep(min(1.0, self._ttl_s / 4))
             now = time.monotonic()
             for sid in [s for s, t in self._touched.items() if now - t > self._ttl_s]:
-                self.drop(sid)
+                self._drop(sid)
             for sid in [s for s, t in self._finished.items() if now - t > self._ttl_s]:
                 self._journal.unfinished(sid)
                 del self._finished[sid]
@@ -233,6 +284,18 @@ class SessionStore:
 
     async def drop(self, session_id: str) -> bool:
         return await self._shard(session_id).drop.remote(session_id)
+
+    async def begin_move(self, session_id: str, from_replica: str, yield_to_changes: bool = False) -> SessionLog | None:
+        """The session, marked moving, when `from_replica` holds it (see `SessionShard.begin_move`)."""
+        record = await self._shard(session_id).begin_move.remote(session_id, from_replica, yield_to_changes)
+        return _log(record) if record else None
+
+    async def end_move(self, log: SessionLog | None, session_id: str = "") -> bool:
+        """End the move: `log` holds where the session is now; None (with `session_id`): it failed."""
+        sid = log.session_id if log is not None else session_id
+        fields = None if log is None else {k: getattr(log, k) for k in ("replica_id", "node_id", "context_tokens",
+                                                                          "recovered")}
+        return await self._shard(sid).end_move.remote(sid, fields)
 
     async def count(self) -> int:
         return sum(await asyncio.gather(*(s.count.remote() for s in self._shards)))
