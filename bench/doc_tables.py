@@ -336,6 +336,10 @@ def scheduler_overhead(data: dict) -> str:
         if "plugin_contended_meets_target" in data:
             verdict = "met" if data["plugin_contended_meets_target"] else "**missed**"
             text += f"\n\nTarget <= {num(data['plugin_target_us_at_500'])} µs at 500 when the queues are sorted: {verdict}."
+        ratios = data.get("plugin_contended_over_plain_at_500")
+        if ratios:
+            text += ("\n\nSorted step over unsorted step at 500 sessions, both from this run: "
+                     + ", ".join(f"{p} {num(r)}x" for p, r in ratios.items()) + ".")
     return text
 
 

@@ -49,6 +49,8 @@ The policy name comes from `additional_config[POLICY_KEY]` (`scheduler_additiona
 from __future__ import annotations
 
 import time
+from collections import deque
+from itertools import accumulate, chain
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
@@ -66,6 +68,9 @@ from scheduler.policies import make_policy
 POLICY_KEY = "stream2llm_policy"
 _IDLE = RequestStatus.WAITING_FOR_STREAMING_REQ
 _RUNNING = RequestStatus.RUNNING
+# vLLM's FCFS queue is a deque whose `__len__` and `__iter__` are Python wrappers of deque's own
+# (`FCFSRequestQueue`, checked in `__init__`): the step's hot path calls deque's directly.
+_len = deque.__len__
 
 
 def scheduler_additional_config(config) -> dict:
@@ -124,7 +129,7 @@ class PolicySchedulerMixin:
         # policy's order of all requests is the planner's, whose `book.ordered()` re-reads and
         # files everything first.
         book.refresh_queued(self.parked)
-        with_work = len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)
+        with_work = len(self.running) + _len(self.waiting) + _len(self.kv_holding_waiting)
         if not with_work:
             return
         free = free_for_planner(self)
@@ -147,12 +152,12 @@ class PolicySchedulerMixin:
         the common case on a GPU, the step costs the re-read of the changed requests only."""
         if with_work > min(self.max_num_running_reqs, self.max_num_active_reqs) or self.lora_config:
             return True  # LoRA: vLLM's max_loras may turn a request away, and order decides which
-        views, work, limit = self.book.views, 0, self.step_budget.max_num_tokens
-        for queue in (self.running, self.kv_holding_waiting, self.waiting):
-            for request in queue:
-                work += views[request.request_id].num_tokens_to_compute
-                if work > limit:
-                    return True  # under contention the walk ends after the budget's worth of requests
+        # Under contention the walk ends after the budget's worth of requests (`any` stops there);
+        # each request's work as last read is one dict lookup by the request object (`ViewBook.work`).
+        limit = self.step_budget.max_num_tokens
+        queued = chain(self.running, deque.__iter__(self.kv_holding_waiting), deque.__iter__(self.waiting))
+        if any(map(limit.__lt__, accumulate(map(self.book.work.__getitem__, queued)))):
+            return True
         return self._early_allowance(free) < limit
 
     def _early_allowance(self, free: int) -> int:
@@ -170,15 +175,15 @@ class PolicySchedulerMixin:
                 for r in queue)
 
     def _order_queues(self) -> None:
-        # The key of each request is cached until it changes (`ViewBook.keys`, keyed by the request
-        # object), so a sort costs a C-level dict lookup per request and the comparisons, no key
-        # computation and no Python call for a request that did not change.
-        key = self.book.keys.__getitem__
+        # The key of each request is cached until it changes (`ViewBook.sort_keys`, keyed by the
+        # request object), so a sort costs a C-level dict lookup per request and the comparisons,
+        # no key computation and no Python call for a request that did not change.
+        key = self.book.sort_keys()
         if len(self.running) > 1:
             self.running.sort(key=key)
         for queue in (self.kv_holding_waiting, self.waiting):
-            if len(queue) > 1:
-                ranked = sorted(queue, key=key)
+            if _len(queue) > 1:
+                ranked = sorted(deque.__iter__(queue), key=key)
                 queue.clear()
                 queue.extend(ranked)
 

@@ -48,7 +48,7 @@ import itertools
 from vllm.v1.request import RequestStatus
 
 from scheduler.policies import Policy
-from scheduler.queue import PolicyQueue
+from scheduler.queue import PolicyQueue, queue_key
 from scheduler.request import RequestView
 
 PARTIAL_TURN_ARG = "stream2llm_partial"
@@ -111,21 +111,24 @@ def fill_view(view: RequestView, request, block_size: int) -> None:
     view.num_preemptions = request.num_preemptions
 
 
-class _KeyCache(dict):
-    """vLLM `Request` -> the policy's key of its view as last read: computed at the first sort that
-    needs it and kept until the view is read again, so a sort of vLLM's queues costs a dict
-    lookup per request that did not change, not a key computation. Keyed by the request object
-    (hashed by identity), so that a sort's key is this dict's own `__getitem__`: no Python call
-    per request."""
+class _PerRequest(dict):
+    """vLLM `Request` -> a figure of its view as last read (`of_view(view)`), kept until the view
+    is read again. Keyed by the request object, hashed by identity: a walk or a sort over vLLM's
+    queues, which holds the requests, pays one dict lookup per request (this dict's own
+    `__getitem__`, no Python call) and touches neither the request nor its view. The book stores
+    the figures when it reads a view; one it lacks is computed here from the view."""
 
-    def __init__(self, book: "ViewBook"):
+    def __init__(self, views: dict, of_view):
         super().__init__()
-        self._views, self._policy_key = book.views, book.queue.policy.sort_key
+        self._views, self._of_view = views, of_view
 
-    def __missing__(self, request) -> tuple:
-        view = self._views[request.request_id]  # `PolicyQueue.key_for`, inlined (a call per changed request)
-        key = self[request] = (view.superseded, self._policy_key(view))
-        return key
+    def __missing__(self, request):
+        value = self[request] = self._of_view(self._views[request.request_id])
+        return value
+
+
+def _work(view: RequestView) -> int:
+    return view.num_tokens_to_compute
 
 
 class ViewBook:
@@ -143,7 +146,12 @@ class ViewBook:
         # KV loads in flight: re-read every step, as vLLM ends a load inside its own `schedule`
         self._loading: dict[str, object] = {}
         self._by_client_id: dict[str, str] = {}  # id the front end gave -> vLLM's internal id
-        self.keys = _KeyCache(self)  # request -> the policy's key now: what vLLM's queues sort by
+        self.key_of = queue_key(policy)
+        # request -> the policy's key of its view: what vLLM's queues are sorted by (`sort_keys`).
+        # Computed at the first sort after a read, so a step that does not sort computes none.
+        self._keys = _PerRequest(self.views, self.key_of)
+        self._unkeyed: dict[object, RequestView] = {}  # request -> view read since its key was computed
+        self.work = _PerRequest(self.views, _work)  # request -> its view's `num_tokens_to_compute`
         self._requests: dict[str, object] = {}  # request id -> vLLM's request, to drop its cached key
         # Ids of the requests whose view (as last read) is complete with work: a completed prompt's
         # clock runs. Views change only when read, so with none here no queued view has a running
@@ -191,8 +199,11 @@ class ViewBook:
         self._put_aside.pop(request_id, None)
         self._unfiled.pop(request_id, None)
         self._loading.pop(request_id, None)
-        self._forget_key(request_id)
-        self._requests.pop(request_id, None)
+        request = self._requests.pop(request_id, None)
+        if request is not None:
+            self._keys.pop(request, None)
+            self._unkeyed.pop(request, None)
+            self.work.pop(request, None)
         self.clocks.discard(request_id)
         if self._by_client_id.get(_client_id(request_id)) == request_id:
             del self._by_client_id[_client_id(request_id)]
@@ -218,9 +229,9 @@ class ViewBook:
     def refresh_queued(self, parked) -> None:
         """The step's fast path, which sorts only vLLM's queues: changed requests in `parked` are put
         aside unread (they are in no queue), the others are read but left where they were in the
-        policy's order, `key` giving their key afresh, until the next `refresh()` files them all."""
+        policy's order, `keys` giving their key afresh, until the next `refresh()` files them all."""
         views, block_size, aside, unfiled = self.views, self.block_size, self._put_aside, self._unfiled
-        forget_key, clocks = self.keys.pop, self.clocks
+        unkeyed, work_of, clocks = self._unkeyed, self.work, self.clocks
         if self._loading:
             self._dirty.update(self._loading)
             self._loading.clear()
@@ -228,12 +239,15 @@ class ViewBook:
             if request_id in parked:
                 aside[request_id] = request
                 continue
-            aside.pop(request_id, None)
+            # One read before the planner's `refresh` may leave an entry in `aside`: it only makes
+            # that refresh read the request once more (a read is idempotent), and saves a dict
+            # operation per read here.
             view = views[request_id]
             fill_view(view, request, block_size)
             unfiled[request_id] = view
-            forget_key(request, None)
-            if view.complete and view.num_tokens_to_compute:
+            unkeyed[request] = view
+            work = work_of[request] = view.num_tokens_to_compute
+            if work and view.complete:
                 clocks.add(request_id)
             elif clocks:  # most steps have no running clock: no set operation then
                 clocks.discard(request_id)
@@ -241,14 +255,24 @@ class ViewBook:
                 self._loading[request_id] = request
         self._dirty.clear()
 
+    def sort_keys(self):
+        """The key function vLLM's queues are sorted by (the key cache's `__getitem__`), once the keys of the
+        requests read since the last sort are computed (one pass, no call per request but the
+        policy's key)."""
+        unkeyed = self._unkeyed
+        if unkeyed:
+            self._keys.update(zip(unkeyed, map(self.key_of, unkeyed.values())))
+            unkeyed.clear()
+        return self._keys.__getitem__
+
     def key(self, request_id: str) -> tuple:
         """The policy's current key of a live request (as of the last `refresh` or `refresh_queued`)."""
-        return self.keys[self._requests[request_id]]
+        return self.sort_keys()(self._requests[request_id])
 
     def _forget_key(self, request_id: str) -> None:
         request = self._requests.get(request_id)
         if request is not None:
-            self.keys.pop(request, None)
+            self._keys.pop(request, None)
 
     def __len__(self) -> int:
         return len(self.views)

@@ -15,14 +15,22 @@ from scheduler.policies.base import Policy
 from scheduler.request import RequestView
 
 
+def queue_key(policy: Policy):
+    """The key a policy's order is kept by: `(view.superseded, *policy.sort_key(view))`.
+
+    A superseded request (a session's earlier request, kept only to lend its prefix blocks to the
+    one that replaced it) ranks after every live one under every policy: evicting it first can
+    never deadlock the replacement behind it. The key is one flat tuple, which orders exactly as
+    `(superseded, policy_key)` does (both are compared item by item) and compares in about half the
+    time: a sort's comparisons do not descend into a nested tuple."""
+    policy_key = policy.sort_key
+    return lambda view: (view.superseded,) + policy_key(view)
+
+
 class PolicyQueue:
     def __init__(self, policy: Policy):
         self.policy = policy
-        policy_key = policy.sort_key
-        # A superseded request (a session's earlier request, kept only to lend its prefix blocks to
-        # the one that replaced it) ranks after every live one under every policy: evicting it
-        # first can never deadlock the replacement behind it.
-        self._key_of = lambda view: (view.superseded, policy_key(view))
+        self._key_of = queue_key(policy)
         self._keys: dict[int, tuple] = {}  # seq -> current key
         self._sorted_keys: list[tuple] = []
         self._sorted_views: list[RequestView] = []  # parallel to _sorted_keys
@@ -56,7 +64,7 @@ class PolicyQueue:
         return self._key_of(view)
 
     def key_of(self, view: RequestView) -> tuple:
-        """The key `view` is filed under (as of its last `touch`): (superseded, the policy's key)."""
+        """The key `view` is filed under (as of its last `touch`): `queue_key`'s."""
         return self._keys[view.seq]
 
     def ordered(self) -> list[RequestView]:

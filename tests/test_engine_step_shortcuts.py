@@ -18,6 +18,12 @@ ACTIONS = st.lists(st.tuples(st.integers(0, 7), st.sampled_from(["chunk", "quest
 
 def _fresh_key(s, request) -> tuple:
     view = s.book.views[request.request_id]
+    return (view.superseded, *s.stream_policy.sort_key(view))
+
+
+def _reference_key(s, request) -> tuple:
+    """The order's definition: superseded requests last, then the policy's key (nested, unflattened)."""
+    view = s.book.views[request.request_id]
     return (view.superseded, s.stream_policy.sort_key(view))
 
 
@@ -25,15 +31,17 @@ def _check(s) -> None:
     """Before the plug-in plans: what its shortcuts give equals the plain computation."""
     s.book.refresh_queued(s.parked)
     queues = (s.running, s.kv_holding_waiting, s.waiting)
+    key = s.book.sort_keys()
     for queue in queues:
         for request in queue:
-            assert s.book.keys[request] == _fresh_key(s, request)
+            assert key(request) == _fresh_key(s, request)
+            assert s.book.work[request] == s.book.views[request.request_id].num_tokens_to_compute
     free = free_for_planner(s)
     views = [s.book.views[r.request_id] for queue in queues for r in queue]
     assert s._early_allowance(free) == s.step_budget.early_allowance(views, free)
     s._order_queues()
     for queue in queues:
-        assert list(queue) == sorted(queue, key=lambda r: _fresh_key(s, r))
+        assert list(queue) == sorted(queue, key=lambda r: _reference_key(s, r))
 
 
 @settings(max_examples=15, deadline=None)

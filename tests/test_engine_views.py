@@ -129,7 +129,7 @@ def test_every_policy_key_in_every_state(name, state):
     _session_in(state, book)
     book.ordered()
     view = book.views[state]
-    assert book.key(state) == (False, (*EXPECTED_KEYS[name][state], view.seq))
+    assert book.key(state) == (False, *EXPECTED_KEYS[name][state], view.seq)
     assert view.blocked == (state == "idle_evicted")
 
 
@@ -144,7 +144,7 @@ def test_tailguard_idle_band_uses_the_streams_own_gaps():
     book.mark(request)
     book.ordered()
     view = book.views["s"]
-    assert book.key("s") == (False, (3, 16.0, 0)) and expected_next_chunk(view) == 16.0
+    assert book.key("s") == (False, 3, 16.0, 0) and expected_next_chunk(view) == 16.0
 
 
 def test_finished_requests_leave_no_view_and_order_is_stable():
@@ -204,7 +204,7 @@ def test_a_parked_session_is_put_aside_until_a_full_refresh_or_its_next_chunk():
     book.chunk(request, 12.5)
     book.refresh_queued(set())
     assert view.num_tokens_to_compute == 50 and view.last_chunk_arrival == 12.5
-    assert book.key("s")[1][0] == 2  # TailGuard: resident partial stream with work
+    assert book.key("s")[1] == 2  # TailGuard: resident partial stream with work
     book.close("s")
     assert not book._dirty and not book._put_aside
 
