@@ -17,7 +17,7 @@ class _Client:
         self.tokens, self.aborted, self.released = tokens_before_stall, [], []
         self.stalled = asyncio.Event()
 
-    async def finish(self, session, question, sampling):
+    async def finish(self, session, question, sampling, or_resume=False):
         for i in range(self.tokens):
             yield AnswerPiece(text=f"t{i}", token_ids=[i], finish_reason=None, tokens=i + 1)
         self.stalled.set()

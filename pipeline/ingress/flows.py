@@ -60,14 +60,31 @@ def parse_event_id(event_id: str) -> tuple[str, str, int] | None:
     return parts[0], parts[1], int(parts[2])
 
 
-async def answer_events(ctx: FlowContext, session: SessionLog, question: str, sampling: dict, endpoint: str):
-    """Yield ("token", delta, id) ... ("final", summary, id); the session is finished either way."""
+def context_event_id(session: SessionLog, position: int) -> str:
+    """`<session>.<replica>.c<position>`: the session event is c0; a retriever source's context
+    events carry their position in the replica's context log, an inline source's their count."""
+    return f"{session.session_id}.{session.replica_id}.c{position}"
+
+
+def parse_context_event_id(event_id: str) -> tuple[str, str, int] | None:
+    """(session id, replica id, context position), or None for an id of another kind."""
+    parts = event_id.strip().split(".")
+    if len(parts) != 3 or not parts[2].startswith("c") or not parts[2][1:].isdigit():
+        return None
+    return parts[0], parts[1], int(parts[2][1:])
+
+
+async def answer_events(ctx: FlowContext, session: SessionLog, question: str, sampling: dict, endpoint: str,
+                        or_resume: bool = False):
+    """Yield ("token", delta, id) ... ("final", summary, id); the session is finished either way.
+    `or_resume`: the session was taken over, and an answer its first ingress started is sent whole."""
     finished = answering = False
     try:
         async with session.lock:
             session.touch()
             stats: dict = {}
-            async for event in token_events(ctx.client.finish(session, question, sampling), stats, session):
+            answer = ctx.client.finish(session, question, sampling, or_resume=or_resume)
+            async for event in token_events(answer, stats, session):
                 answering = True
                 yield event
             finished = True
@@ -139,20 +156,73 @@ def final_event(session: SessionLog, stats: dict) -> dict:
     }
 
 
-async def rag_events(ctx: FlowContext, request):
-    """Open a session, stream the source's context into it as it arrives, then answer."""
+async def rag_events(ctx: FlowContext, request, skip: int = 0):
+    """Open a session, say its id (a `session` event: with it a client whose stream is cut can
+    reconnect), stream the source's context into it as it arrives, then answer. `skip`: the client
+    has the first `skip` context events of this (inline, so deterministic) source already."""
     started = time.monotonic()
+    inline = request.source.type in INLINE_SOURCES
+    call = None if inline else await ctx.actors.call(request.source, request.question)  # a bad source: 4xx
     session = await ctx.client.open(source_type(request.source), owner=ctx.owner)
+    context = _context(ctx, session, request, call, skip)
+    async for item in _drive(ctx, session, request, started, _announced(session, context, inline)):
+        yield item
+
+
+async def _announced(session: SessionLog, context, inline: bool):
+    """The `session` event, then the context events. An inline source's first event is made first:
+    a bad document id must still be answered with a status code (400), not an error event."""
+    first = await anext(context, None) if inline else None
+    yield "session", {"session_id": session.session_id, "replica_id": session.replica_id}, context_event_id(session, 0)
+    if first is not None:
+        yield first
+    async for item in context:
+        yield item
+
+
+async def takeover_events(ctx: FlowContext, request, session_id: str, replica_id: str, position: int):
+    """The rest of a `/v1/rag` session whose ingress died, for a client that reconnected with the id
+    of the last event it got before the answer (`Last-Event-ID`: `context_event_id`). The replica
+    still holds it: its retrieval went on there (`pipeline.replica.context_log`); this ingress
+    adopts it, sends the context events after `position`, then the answer (the whole of one the
+    first ingress had started). An inline source runs again in a new session, its first `position`
+    events skipped (the same documents give the same events). `SessionGone` (404) when the replica
+    was lost too: nothing holds the session (ask again)."""
+    started = time.monotonic()
+    session = SessionLog(session_id, source_type(request.source), replica_id, owner=ctx.owner)
+    state = await ctx.client.adopt(session)
+    if request.source.type in INLINE_SOURCES and not state["answering"]:
+        await cleanup(ctx.client.abort_quietly(session))
+        async for item in rag_events(ctx, request, skip=position):
+            yield item
+        return
+    if state["answering"]:
+        context = _nothing()
+    else:
+        call = await ctx.actors.call(request.source, request.question)
+        context = _with_ids(session, _replica_context(ctx, session, call, after=position))
+    async for item in _drive(ctx, session, request, started, context, or_resume=True):
+        yield item
+
+
+async def _nothing():
+    return
+    yield  # an async generator with no items
+
+
+async def _drive(ctx: FlowContext, session: SessionLog, request, started: float, context, or_resume: bool = False):
+    """The session's context events, then its answer; the session is aborted if it ends before the
+    answer was handed over."""
     handed_over = False
     try:
         async with session.lock:
-            async for item in _context(ctx, session, request):
+            async for item in context:
                 yield item
         retrieval_s = time.monotonic() - started
         handed_over = True
         sampling = request.sampling.model_dump()
         async for name, data, event_id in answer_events(ctx, session, ctx.template.footer(request.question),
-                                                        sampling, "rag"):
+                                                        sampling, "rag", or_resume=or_resume):
             if name == "final":
                 data = {**data, "retrieval_s": round(retrieval_s, 4)}
             yield name, data, event_id
@@ -161,18 +231,24 @@ async def rag_events(ctx: FlowContext, request):
             await cleanup(ctx.client.abort_quietly(session))
 
 
-async def _context(ctx: FlowContext, session: SessionLog, request):
-    """Context events with ids: from the replica (retriever sources) or built here (inline)."""
+async def _context(ctx: FlowContext, session: SessionLog, request, call, skip: int = 0):
+    """Context events with ids: from the replica (retriever sources: `call`) or built here (inline)."""
+    if call is not None:
+        async for item in _with_ids(session, _replica_context(ctx, session, call)):
+            yield item
+        return
+    await ctx.client.add(session, ContextOp.APPEND, ctx.template.header)
     n = 0
-    if request.source.type in INLINE_SOURCES:
-        await ctx.client.add(session, ContextOp.APPEND, ctx.template.header)
-        events = _inline_context(ctx, session, open_source(request.source, request.question, ctx.actors))
-    else:
-        call = await ctx.actors.call(request.source, request.question)
-        events = _replica_context(ctx, session, call)
-    async for name, data in events:
+    async for name, data in _inline_context(ctx, session, open_source(request.source, request.question, ctx.actors)):
         n += 1
-        yield name, data, f"{session.session_id}.c{n}"
+        if n > skip:
+            yield name, data, context_event_id(session, n)
+
+
+async def _with_ids(session: SessionLog, events):
+    """A retriever source's events, each with its position in the replica's context log as id."""
+    async for name, data in events:
+        yield name, data, context_event_id(session, session.context_pos)
 
 
 async def _inline_context(ctx: FlowContext, session: SessionLog, events):
@@ -195,9 +271,9 @@ async def context_items(ctx: FlowContext, session: SessionLog, events, add):
             return
 
 
-async def _replica_context(ctx: FlowContext, session: SessionLog, call):
+async def _replica_context(ctx: FlowContext, session: SessionLog, call, after: int = 0):
     """The replica's summaries (the client's citations kept by `ctx.client.stream_context`)."""
-    async for name, data in ctx.client.stream_context(session, call):
+    async for name, data in ctx.client.stream_context(session, call, after):
         if name == "context":
             ctx.metrics.replica_chunks.inc()
         yield name, data

@@ -19,6 +19,7 @@ from ray import serve
 
 from engine.api import SamplingConfig, SessionNotFoundError
 from pipeline.replica.answers import AnswerEnd, AnswerLogs
+from pipeline.replica.context_log import ContextLogs
 from pipeline.control.central import get_or_create_scheduler
 from pipeline.control.central_client import drain_replica
 from pipeline.config import AppConfig
@@ -54,6 +55,10 @@ class EngineReplica:
         self._tokenize = Tokenizer(self._engine.tokenize)
         limits = self._config.limits
         self._answers = AnswerLogs(grace_s=limits.resume_grace_s, keep_s=limits.session_ttl_s)
+        self._contexts = ContextLogs(grace_s=limits.resume_grace_s)
+        # an orphan is a session whose driving ingress is gone and whose client did not take it over
+        # (reconnect with Last-Event-ID) within the resume grace
+        self._orphan_after_s = max(IDLE_BEFORE_CHECK_S, limits.resume_grace_s)
         self._header: str | None = None
         self._scheduler = get_or_create_scheduler(self._config)
         self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
@@ -96,11 +101,31 @@ class EngineReplica:
             self._busy.discard(session_id)
             self._touch(session_id)
 
-    async def stream_context(self, session_id: str, call: RetrieverCall, route_to=None):
+    async def stream_context(self, session_id: str, call: RetrieverCall, after: int = 0, route_to=None):
         """Pull a retriever actor's stream into the session (prefilling each piece as it comes, a
-        replacement once it settles); yield (event, data) summaries: context, context_skipped,
-        source_error, retrieval_done."""
+        replacement once it settles), in a task of this replica that outlives the caller
+        (`pipeline.replica.context_log`); yield the (event, data) summaries after the first `after`,
+        each with its log position `pos`: context, context_skipped, source_error, retrieval_done.
+        A second call (another ingress took the session over) tails the same retrieval."""
         self._known(session_id)
+        log = self._contexts.start_or_get(session_id, lambda: self._pull_context(session_id, call))
+        async for item in log.tail(after):
+            yield item
+
+    async def adopt(self, session_id: str, owner: str | None, route_to=None) -> dict:
+        """Another ingress drives the session from now on (its client reconnected after the first
+        one died); whether its answer has started here. `SessionGone` when this replica holds
+        neither the session nor its answer."""
+        answering = self._answers.get(session_id) is not None
+        if session_id not in self._touched and not answering:
+            raise SessionGone(f"session {session_id!r} is not open on replica {self.replica_id} (its replica "
+                              "was lost as well as the ingress driving it): ask again")
+        self._owners.forget(session_id)
+        self._owners.add(session_id, owner)
+        self._touch(session_id)
+        return {"answering": answering, "retrieving": self._contexts.get(session_id) is not None}
+
+    async def _pull_context(self, session_id: str, call: RetrieverCall):
         self._busy.add(session_id)
         limits = ContextLimits(self._config.limits.max_chunks_per_session, self._config.context_limit)
         try:
@@ -113,11 +138,16 @@ class EngineReplica:
             self._touch(session_id)
 
     async def finish(self, session_id: str, question: str, sampling: dict | None = None,
-                     expect: list[int] | None = None, route_to=None):
+                     expect: list[int] | None = None, or_resume: bool = False, route_to=None):
         """Start the answer (in a task of this replica) and stream it: coalesced `AnswerPiece`s,
         then one `AnswerEnd`; every item carries `tokens` (the answer's tokens so far). `expect`: the
         tokens a client already has (this is a regeneration after a lost replica), checked one by
-        one before the rest follows (`AnswerLog.tail`). A second finish is a `SessionConflict` (409)."""
+        one before the rest follows (`AnswerLog.tail`). A second finish is a `SessionConflict` (409),
+        unless `or_resume` (an ingress that took the session over: the answer from its start)."""
+        if or_resume and (started := self._answers.get(session_id)) is not None:
+            async for item in started.tail(0):
+                yield item
+            return
         if self._answers.get(session_id) is not None:
             raise SessionConflict(f"session {session_id} was already finished; reconnect with "
                                   "Last-Event-ID to get the rest of its answer")
@@ -199,6 +229,7 @@ class EngineReplica:
         self._source.pop(session_id, None)
         self._applied_seq.pop(session_id, None)
         self._owners.forget(session_id)
+        self._contexts.end(session_id)
 
     def _session_stats(self, session_id: str) -> dict:
         s = self._engine.session_stats(session_id)
@@ -283,7 +314,7 @@ class EngineReplica:
             if idle_s > ttl:
                 log.info("aborting session %s: idle for %.1f s (TTL %.1f s)", sid, idle_s, ttl)
                 await self._drop(sid)
-        for sid in await self._owners.orphans(s for s, idle_s in idle.items() if IDLE_BEFORE_CHECK_S < idle_s <= ttl):
+        for sid in await self._owners.orphans(s for s, idle_s in idle.items() if self._orphan_after_s < idle_s <= ttl):
             log.warning("aborting session %s: the ingress replica that drove it is gone", sid)
             await self._drop(sid)
 
