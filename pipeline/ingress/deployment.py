@@ -142,7 +142,7 @@ class IngressRoutes(Ingress):
         routing = {"ingress": self.ingress_id, "exits": dict(ROUTING_EXITS), "listed": sorted(LISTED)}
         return {"pressure": pressure, "replicas": replicas, "routing": routing}
 
-    @_route("post", "/v1/rag", responses={**event_stream_or_json("The answer: SSE events (context, token, final), or JSON."),
+    @_route("post", "/v1/rag", responses={**event_stream_or_json("The answer: SSE events (session, context, token, final), or JSON."),
                                        **error_responses(*BODY_ERRORS, 404, 409, 429, 501, 503)})
     async def rag(self, body: RagRequest, last_event_id: str | None = Header(None)):
         if last_event_id and (context := parse_context_event_id(last_event_id)) is not None:

@@ -101,7 +101,7 @@ async def ask(http: httpx.AsyncClient, base_url: str, question: str, source: dic
             "sampling": {"max_tokens": max_tokens, "temperature": 0.0}}
     result = RagResult(question, prompt_mode, sent_at=time.monotonic())
     try:
-        cut = await _read(http, f"{base_url}/v1/rag", body, headers, result)
+        cut = await read_events(http, f"{base_url}/v1/rag", body, headers, result)
         while cut and result.resumed + result.retried < resume_attempts:
             if result.last_event_id is None and not _unstarted(result):
                 break
@@ -114,7 +114,7 @@ async def ask(http: httpx.AsyncClient, base_url: str, question: str, source: dic
                 again["Last-Event-ID"] = result.last_event_id
             await asyncio.sleep(RESUME_BACKOFF_S * (result.resumed + result.retried))
             result.error = None
-            cut = await _read(http, f"{base_url}/v1/rag", body, again, result)
+            cut = await read_events(http, f"{base_url}/v1/rag", body, again, result)
     finally:
         result.done_at = time.monotonic()
     return result
@@ -126,7 +126,7 @@ def _unstarted(result: RagResult) -> bool:
     return result.session_id is None and (result.status == 0 or not (result.ingresses and result.ingresses[-1]))
 
 
-async def _read(http: httpx.AsyncClient, url: str, body: dict, headers: dict | None, result: RagResult) -> bool:
+async def read_events(http: httpx.AsyncClient, url: str, body: dict, headers: dict | None, result: RagResult) -> bool:
     """One POST and its events into `result`; a cut or failed stream leaves `error` set. True when
     trying again may help: the stream was cut (a transport error, or it ended with neither a final
     nor an error event) or a server-side 5xx; an error event or a 4xx is the answer."""
