@@ -77,10 +77,10 @@ class LoadSpec:
 def scale_spec(**overrides) -> LoadSpec:
     """`--scale`: 200 sessions over 150 s on two nodes, two engine replicas (one per node), and the
     five faults 20+ s apart: replica kill, ingress kill, central restart, shard kill, node removal."""
-    return LoadSpec(**{**dict(sessions=200, duration_s=150.0, min_replicas=2, max_replicas=2, trace_multiplier=1.0,
+    return LoadSpec(**{**dict(sessions=200, duration_s=150.0, min_replicas=2, max_replicas=2, trace_multiplier=3.0,
                               kill_replica_at_s=20.0, kill_deadline_s=20.0, kill_ingress_at_s=45.0,
                               restart_central_at_s=70.0, kill_shard_at_s=95.0, remove_node_at_s=120.0,
-                              streams_share=0.2, kv_cache_bytes=4 << 20, max_queue=32,
+                              streams_share=0.3, kv_cache_bytes=8 << 20, max_queue=64,
                               session_timeout_s=240.0, drain_timeout_s=60.0), **overrides})
 
 
@@ -150,7 +150,7 @@ def _fault_tasks(http, base: str, spec: LoadSpec, t0: float, cluster, config) ->
         planned.append(({"fault": "central_restart"}, lambda r: restart_central(name, t0, spec.restart_central_at_s, r)))
     if spec.kill_shard_at_s is not None:
         shards = config.ingress.session_shards
-        planned.append(({"fault": "shard_kill"}, lambda r: kill_shard(name, 0, shards, t0, spec.kill_shard_at_s, r)))
+        planned.append(({"fault": "shard_kill"}, lambda r: kill_shard(name, shards, t0, spec.kill_shard_at_s, r)))
     if spec.remove_node_at_s is not None and cluster is not None:
         planned.append(({"fault": "node_removal"}, lambda r: remove_node(
             http, base, cluster, t0, spec.remove_node_at_s, spec.replace_node_after_s, r)))

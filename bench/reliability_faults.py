@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 
 import httpx
 
@@ -121,13 +122,17 @@ def _kill_shard_and_wait(name: str) -> float | None:
     return None
 
 
-async def kill_shard(actor_name: str, index: int, shards: int, t0: float, at_s: float, record: dict) -> dict:
-    """Kill session-record shard `index` at `at_s` (Ray restarts it from its journal)."""
-    from pipeline.sessions.store import shard_name
+async def kill_shard(actor_name: str, shards: int, t0: float, at_s: float, record: dict) -> dict:
+    """At `at_s`, kill the session-record shard holding the most open streaming-input sessions
+    (`bench.reliability_streams.OPEN_STREAMS`); Ray restarts it from its journal."""
+    from bench.reliability_streams import OPEN_STREAMS
+    from pipeline.sessions.store import shard_index, shard_name
 
     await _until(t0, at_s)
+    open_now = Counter(shard_index(sid, shards) for sid in OPEN_STREAMS)
+    index = max(range(shards), key=lambda i: open_now[i])
     name = shard_name(actor_name, index)
     record.update(fault="shard_kill", fired=True, at_s=round(time.monotonic() - t0, 2), shard=name,
-                  shard_index=index, shards=shards)
+                  shard_index=index, shards=shards, open_on_shard=open_now[index])
     record["back_after_s"] = await asyncio.to_thread(_kill_shard_and_wait, name)
     return record

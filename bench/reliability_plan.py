@@ -30,8 +30,8 @@ class Planned:
 
 
 def _stream_chunks(rng: random.Random, docs) -> dict:
-    """A client-side retrieval: three passages sent as chunks about a second apart."""
-    return {"type": "streams", "chunks": [d.text[:600] for d in rng.sample(docs, 3)], "gap_s": 1.0}
+    """A client-side retrieval: three passages sent as chunks two seconds apart."""
+    return {"type": "streams", "chunks": [d.text[:600] for d in rng.sample(docs, 3)], "gap_s": 2.0}
 
 
 def plan_sessions(spec, trace_dir: Path) -> list[Planned]:

@@ -21,7 +21,7 @@ from bench.http_replay import relative_timings
 from bench.reliability_streams import stream_session
 from pipeline.errors import SessionGone
 from pipeline.ingress.http_util import INGRESS_HEADER
-from pipeline.run.rag_client import RagResult, apply_event, ask, error_reason, sse_events
+from pipeline.run.rag_client import RESUME_BACKOFF_S, RagResult, apply_event, ask, error_reason, sse_events
 from stream2llm.data.traces import PromptMode
 
 RESUME_ATTEMPTS = 3
@@ -31,27 +31,47 @@ LEAVER_ASKS, LEAVER_RETRY_S = 3, 2.0  # a planned leaver refused with 429 asks u
 # ---- one session ------------------------------------------------------------------------------
 async def ask_and_leave(http: httpx.AsyncClient, base: str, question: str, source: dict, leave_on: str,
                         max_tokens: int) -> tuple[RagResult, bool]:
-    """Like `ask`, but the client closes the connection at the first `leave_on` event.
-    Returns the result and whether it left (False: the answer or an error came first)."""
+    """Like `ask`, but the client closes the connection at the first `leave_on` event; a stream cut
+    before it (a fault) is resumed with Last-Event-ID, as `ask` does. Returns the result and whether
+    it left (False: the answer or an error came first)."""
     body = {"question": question, "source": source, "sampling": {"max_tokens": max_tokens, "temperature": 0.0}}
     result = RagResult(question, PromptMode.STREAM, sent_at=time.monotonic())
+    headers: dict = {}
     try:
-        async with http.stream("POST", f"{base}/v1/rag", json=body) as response:
+        for _ in range(RESUME_ATTEMPTS + 1):
+            left, cut = await _read_until(http, f"{base}/v1/rag", body, headers, result, leave_on)
+            if left or not cut or result.last_event_id is None:
+                return result, left
+            result.resumed += 1
+            result.taken_over += result.last_event_id.rsplit(".", 1)[-1].startswith("c")
+            result.error, headers = None, {"Last-Event-ID": result.last_event_id}
+            await asyncio.sleep(RESUME_BACKOFF_S * result.resumed)
+    finally:
+        result.done_at = time.monotonic()
+    return result, False
+
+
+async def _read_until(http: httpx.AsyncClient, url: str, body: dict, headers: dict, result: RagResult,
+                      leave_on: str) -> tuple[bool, bool]:
+    """(left at `leave_on`, cut: a transport error, a 5xx or a stream ended with no final event)."""
+    try:
+        async with http.stream("POST", url, json=body, headers=headers) as response:
             result.status = response.status_code
             result.ingresses.append(response.headers.get(INGRESS_HEADER, ""))
             if response.status_code != 200:
                 await response.aread()
                 result.error = error_reason(response)
-                return result, False
+                return False, response.status_code >= 500
             async for name, data, event_id in sse_events(response):
                 apply_event(result, name, data, event_id)
+                if event_id:
+                    result.last_event_id = event_id
                 if name == leave_on:
-                    return result, True  # leaving the block closes the connection
+                    return True, False  # leaving the block closes the connection
     except httpx.HTTPError as e:
         result.error = f"{type(e).__name__}: {e}"
-    finally:
-        result.done_at = time.monotonic()
-    return result, False
+        return False, True
+    return False, result.error is None and not result.final
 
 
 def outcome(result: RagResult, left: bool, timed_out: bool = False) -> str:

@@ -27,6 +27,7 @@ from stream2llm.data.traces import PromptMode
 
 CHUNK_TRIES, RETRY_S = 12, 0.5
 ANSWER_TRIES = 4
+OPEN_STREAMS: set[str] = set()  # sessions open now (the shard-kill drill aims at the shard holding most)
 
 
 async def _post(http: httpx.AsyncClient, url: str, body: dict, result: RagResult) -> httpx.Response | None:
@@ -51,6 +52,7 @@ async def stream_session(http: httpx.AsyncClient, base: str, question: str, chun
         sid = await _open(http, base, result)
         if sid is None:
             return result
+        OPEN_STREAMS.add(sid)
         for seq, text in enumerate(chunks):
             if seq:
                 await asyncio.sleep(gap_s)
@@ -60,6 +62,7 @@ async def stream_session(http: httpx.AsyncClient, base: str, question: str, chun
         await _answer(http, base, sid, question, max_tokens, result)
     finally:
         result.done_at = time.monotonic()
+        OPEN_STREAMS.discard(result.session_id)
     return result
 
 

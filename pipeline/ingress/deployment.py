@@ -28,7 +28,8 @@ from pipeline.config import AppConfig
 from pipeline.errors import AdmissionRejected, BadRequest, ReplicaNotReady, unwrap
 from pipeline.ingress.cleanup import cleanup
 from pipeline.ingress.flows import (FlowContext, answer_events, parse_context_event_id, parse_event_id, rag_events,
-                                    resume_events, takeover_events)
+                                    resume_events)
+from pipeline.ingress.takeover import takeover_events
 from pipeline.ingress.http_util import (LimitsMiddleware, error_response, event_stream, first_then_rest,
                                 http_exception_response, validation_response)
 from pipeline.ingress.metrics import PipelineMetrics

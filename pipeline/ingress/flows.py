@@ -165,7 +165,7 @@ async def rag_events(ctx: FlowContext, request, skip: int = 0):
     call = None if inline else await ctx.actors.call(request.source, request.question)  # a bad source: 4xx
     session = await ctx.client.open(source_type(request.source), owner=ctx.owner)
     context = _context(ctx, session, request, call, skip)
-    async for item in _drive(ctx, session, request, started, _announced(session, context, inline)):
+    async for item in drive_session(ctx, session, request, started, _announced(session, context, inline)):
         yield item
 
 
@@ -180,39 +180,11 @@ async def _announced(session: SessionLog, context, inline: bool):
         yield item
 
 
-async def takeover_events(ctx: FlowContext, request, session_id: str, replica_id: str, position: int):
-    """The rest of a `/v1/rag` session whose ingress died, for a client that reconnected with the id
-    of the last event it got before the answer (`Last-Event-ID`: `context_event_id`). The replica
-    still holds it: its retrieval went on there (`pipeline.replica.context_log`); this ingress
-    adopts it, sends the context events after `position`, then the answer (the whole of one the
-    first ingress had started). An inline source runs again in a new session, its first `position`
-    events skipped (the same documents give the same events). `SessionGone` (404) when the replica
-    was lost too: nothing holds the session (ask again)."""
-    started = time.monotonic()
-    session = SessionLog(session_id, source_type(request.source), replica_id, owner=ctx.owner)
-    state = await ctx.client.adopt(session)
-    if request.source.type in INLINE_SOURCES and not state["answering"]:
-        await cleanup(ctx.client.abort_quietly(session))
-        async for item in rag_events(ctx, request, skip=position):
-            yield item
-        return
-    if state["answering"]:
-        context = _nothing()
-    else:
-        call = await ctx.actors.call(request.source, request.question)
-        context = _with_ids(session, _replica_context(ctx, session, call, after=position))
-    async for item in _drive(ctx, session, request, started, context, or_resume=True):
-        yield item
-
-
-async def _nothing():
-    return
-    yield  # an async generator with no items
-
-
-async def _drive(ctx: FlowContext, session: SessionLog, request, started: float, context, or_resume: bool = False):
-    """The session's context events, then its answer; the session is aborted if it ends before the
-    answer was handed over."""
+async def drive_session(ctx: FlowContext, session: SessionLog, request, started: float, context, or_resume: bool = False):
+    """The session's context events, then its answer. Ended before the answer by an error, the
+    session is aborted; by a lost reader (a cancellation: the client left, or this ingress is going
+    down), a retriever source's session is left to its replica for a take-over (`detach`), an
+    inline one (run again on a take-over) is aborted."""
     handed_over = False
     try:
         async with session.lock:
@@ -226,6 +198,11 @@ async def _drive(ctx: FlowContext, session: SessionLog, request, started: float,
             if name == "final":
                 data = {**data, "retrieval_s": round(retrieval_s, 4)}
             yield name, data, event_id
+    except asyncio.CancelledError:
+        if not handed_over and request.source.type not in INLINE_SOURCES:
+            handed_over = True
+            await cleanup(ctx.client.detach_quietly(session))
+        raise
     finally:
         if not handed_over:
             await cleanup(ctx.client.abort_quietly(session))
@@ -234,7 +211,7 @@ async def _drive(ctx: FlowContext, session: SessionLog, request, started: float,
 async def _context(ctx: FlowContext, session: SessionLog, request, call, skip: int = 0):
     """Context events with ids: from the replica (retriever sources: `call`) or built here (inline)."""
     if call is not None:
-        async for item in _with_ids(session, _replica_context(ctx, session, call)):
+        async for item in with_context_ids(session, replica_context(ctx, session, call)):
             yield item
         return
     await ctx.client.add(session, ContextOp.APPEND, ctx.template.header)
@@ -245,7 +222,7 @@ async def _context(ctx: FlowContext, session: SessionLog, request, call, skip: i
             yield name, data, context_event_id(session, n)
 
 
-async def _with_ids(session: SessionLog, events):
+async def with_context_ids(session: SessionLog, events):
     """A retriever source's events, each with its position in the replica's context log as id."""
     async for name, data in events:
         yield name, data, context_event_id(session, session.context_pos)
@@ -271,7 +248,7 @@ async def context_items(ctx: FlowContext, session: SessionLog, events, add):
             return
 
 
-async def _replica_context(ctx: FlowContext, session: SessionLog, call, after: int = 0):
+async def replica_context(ctx: FlowContext, session: SessionLog, call, after: int = 0):
     """The replica's summaries (the client's citations kept by `ctx.client.stream_context`)."""
     async for name, data in ctx.client.stream_context(session, call, after):
         if name == "context":

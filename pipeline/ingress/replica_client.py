@@ -250,6 +250,15 @@ class EngineClient:
             log.warning("abort of session %s on %s failed (its replica's idle TTL frees it): %r",
                         session.session_id, session.replica_id, e)
 
+    async def detach_quietly(self, session: SessionLog) -> None:
+        """The session's retrieval lost its reader: its replica keeps it for a take-over for the resume
+        grace, then aborts it (`EngineReplica.detach`); best effort, as `abort_quietly`."""
+        try:
+            await self._handle.detach.remote(session.session_id, route_to=session.replica_id)
+        except Exception as e:
+            log.warning("detach of session %s on %s failed (its replica's owner check frees it): %r",
+                        session.session_id, session.replica_id, e)
+
     def release(self, session: SessionLog, context_tokens: int | None) -> None:
         """Post the session's release to the central scheduler (returns at once)."""
         self._central.release(session.session_id, context_tokens)

@@ -14,11 +14,13 @@ the session, idle from then on, is aborted once its owner is found gone
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextvars
+from collections.abc import AsyncIterator, Callable
 
 
 class ContextLog:
-    def __init__(self, producer: AsyncIterator[tuple[str, dict]], grace_s: float):
+    def __init__(self, producer: AsyncIterator[tuple[str, dict]], grace_s: float,
+                 context: contextvars.Context | None = None):
         self.items: list[tuple[str, dict]] = []
         self._grace_s = grace_s
         self._watchers = 0
@@ -26,7 +28,7 @@ class ContextLog:
         self.error: BaseException | None = None
         self.done = False
         self._changed = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(producer))
+        self._task = asyncio.get_running_loop().create_task(self._run(producer), context=context)
 
     async def _run(self, producer) -> None:
         try:
@@ -82,14 +84,18 @@ class ContextCancelled(RuntimeError):
 class ContextLogs:
     """The replica's context logs by session id."""
 
-    def __init__(self, grace_s: float):
+    def __init__(self, grace_s: float, task_context: Callable[[], contextvars.Context] | None = None):
+        """`task_context`: the context each retrieval task runs in (the replica's detaches it from the
+        request that started it, whose cancellation Ray would pass on to the retriever calls)."""
         self._grace_s = grace_s
+        self._task_context = task_context
         self._logs: dict[str, ContextLog] = {}
 
     def start_or_get(self, session_id: str, producer_factory) -> ContextLog:
         log = self._logs.get(session_id)
         if log is None:
-            log = self._logs[session_id] = ContextLog(producer_factory(), self._grace_s)
+            context = self._task_context() if self._task_context is not None else None
+            log = self._logs[session_id] = ContextLog(producer_factory(), self._grace_s, context)
         return log
 
     def get(self, session_id: str) -> ContextLog | None:
@@ -103,3 +109,11 @@ class ContextLogs:
 
     def __len__(self) -> int:
         return len(self._logs)
+
+
+def outside_the_request() -> contextvars.Context:
+    """A fresh context for a retrieval task: not the request's that started it. Ray cancels a
+    cancelled task's children (`ray.cancel`'s `recursive`, the parent read from this context), and
+    Serve cancels the calls made under a cancelled request's context: a retrieval started by an
+    ingress's call must go on when that ingress dies (`pipeline.ingress.cleanup` does the same)."""
+    return contextvars.Context()
