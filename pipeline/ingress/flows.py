@@ -3,10 +3,14 @@
 `answer_events` decodes a session that already holds its context; `rag_events` streams a source's
 context into a fresh session while retrieval runs, then answers. For retriever sources the replica
 pulls the retriever actor's stream itself and sends back summaries: the ingress never sees chunk
-text. An exit during retrieval (error, client disconnect = cancellation) aborts the session so its
-KV is freed at once; an answer that loses its reader keeps running on its replica for
-`limits.resume_grace_s`, so that a reconnect with `Last-Event-ID` (the answer event's id:
-`<session>.<replica>.<tokens so far>`) gets the rest from there.
+text. An error during retrieval aborts the session. A retrieval that loses its reader (a
+cancellation: the client left, or this ingress is going down) is detached: its replica keeps the
+session for `limits.resume_grace_s`, so that a reconnect with `Last-Event-ID` (the id of the last
+event the client got: `<session>.<replica>.c<position>`) is taken over by any ingress
+(`pipeline.ingress.takeover`), then aborts it (an inline source's session is aborted at once: a
+take-over runs it again). An answer that loses its reader keeps running on its replica for the same
+grace, so that a reconnect with the answer event's id (`<session>.<replica>.<tokens so far>`) gets
+the rest from there.
 """
 
 from __future__ import annotations
