@@ -83,8 +83,10 @@ def _what(fault: dict) -> str:
     if kind in ("replica_kill", "ingress_kill"):
         return f"replica {fault.get('replica_id')}"
     if kind == "node_removal":
-        return f"worker node and its replica(s) {', '.join(fault.get('replicas', []))}; a new node after " \
-               f"{num(round(fault['replaced_at_s'] - fault['at_s'], 1)) if 'replaced_at_s' in fault else '-'} s"
+        held = (f"its replica(s) {', '.join(fault['replicas'])}" if fault.get("replicas") else
+                "**no engine replica was reporting from it** (none hit)")
+        after = num(round(fault["replaced_at_s"] - fault["at_s"], 1)) if "replaced_at_s" in fault else "-"
+        return f"worker node, {held}; a new node after {after} s"
     if kind == "central_restart":
         return f"central scheduler, back after {num(fault.get('back_after_s'))} s"
     if kind == "shard_kill":
