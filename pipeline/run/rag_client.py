@@ -14,7 +14,7 @@ that takes the reconnect serves the rest of the answer from its replica; before 
 event, a context event), it takes the session over: the retrieval went on on the replica, and the
 reconnect gets the context events it missed, then the answer (`resumed` counts both, `taken_over`
 the second). Nothing runs twice. A request cut before any event (no ingress answered it) is sent
-again (`retried`): nothing had started for it. An answer whose replica died too cannot be resumed:
+again (`retried`): nothing of it had reached the client. An answer whose replica died too cannot be resumed:
 the reconnect is answered `SessionGone` (404), and the caller may ask again.
 """
 
@@ -122,7 +122,8 @@ async def ask(http: httpx.AsyncClient, base_url: str, question: str, source: dic
 
 def _unstarted(result: RagResult) -> bool:
     """No event came and no ingress answered (a transport error, or Serve's proxy answered 5xx for
-    an ingress that died): nothing started for the request, so sending it again is safe."""
+    an ingress that died): nothing reached the client, and a session the dead ingress may have
+    opened is freed by its replica (owner check), so sending the request again is safe."""
     return result.session_id is None and (result.status == 0 or not (result.ingresses and result.ingresses[-1]))
 
 
