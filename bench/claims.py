@@ -56,6 +56,10 @@ def _sessions(data: dict) -> str:
     return f"{len(data['sessions'])} sessions"
 
 
+def _offered(data: dict) -> str:
+    return f"{data['counts']['offered']} sessions"
+
+
 def _per_mode(data: dict) -> str:
     return f"{data['sessions']} sessions per mode"
 
@@ -171,6 +175,12 @@ CLAIMS: tuple[Claim, ...] = (
           Target("==", 1.0), lambda d: f"{d['sources']['vector']['questions']} questions"),
     Claim("reliability drill (kills, disconnects): accepted sessions lost", "reliability.json",
           at("counts", "lost"), Target("==", 0), lambda d: f"{d['counts']['offered']} sessions"),
+    Claim("reliability at scale (five faults in one run): sessions lost (no final event, or asked again where a "
+          "resume was possible)", "reliability_scale.json", at("counts", "lost"), Target("==", 0), _offered),
+    Claim("reliability at scale: sessions whose user had to ask again", "reliability_scale.json", at("reasked"),
+          Target("==", 0), _offered),
+    Claim("reliability at scale: KV blocks back to the idle level after the load", "reliability_scale.json",
+          at("kv_baseline_vs_after", "back_to_baseline"), Target("==", True), _offered),
     Claim("locust soak: failed requests", "soak.json", at("failures"), Target("==", 0),
           lambda d: f"{d['requests']:,} requests"),
 )

@@ -1,4 +1,5 @@
-"""The cluster simulation's tables (`bench.cluster_sim`), rendered into docs/BENCHMARKS_COMPONENTS.md."""
+"""The cluster simulation's tables (`bench.cluster_sim`, docs/BENCHMARKS_COMPONENTS.md) and the at-scale
+reliability drill's (`bench.reliability --scale`, docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,51 @@ def cluster_sim(data: dict) -> str:
     if why:
         text += f" Why missed: {why['reason']} What would reach it: {why['what_would_reach_it']}"
     return text
+
+
+FAULT_NAMES = {"replica_kill": "replica kill", "ingress_kill": "ingress kill", "central_restart": "central restart",
+               "shard_kill": "shard kill", "node_removal": "node removal"}
+
+
+def reliability_scale(data: dict) -> str:
+    """The at-scale drill: outcomes, then each fault (when, what it hit, what became of those
+    sessions), then why any session was asked again."""
+    c = data["counts"]
+    text = table(["offered", "answered", "rejected 429", "failed", "lost", "disconnected (on purpose)", "recovered",
+                  "resumed", "taken over", "sent again (unstarted)", "asked again"],
+                 [[c["offered"], c["answered"], c["rejected"], c["failed"], c["lost"], c["disconnected"],
+                   data["recovered"], data["resumed"], data["took_over"], data["retried_unstarted"], data["reasked"]]])
+    rows = []
+    for f in data["faults"]:
+        hit = f.get("affected", {})
+        fired = f.get("fired", f.get("killed"))
+        rows.append([FAULT_NAMES.get(f.get("fault"), f.get("fault")), num(f.get("at_s")) if fired else "not fired",
+                     _what(f), hit.get("sessions", 0),
+                     ", ".join(f"{k} {v}" for k, v in sorted(hit.get("outcomes", {}).items())) or "none",
+                     hit.get("recovered", 0), hit.get("resumed", 0), hit.get("reasked", 0)])
+    text += "\n\n" + table(["fault", "at s", "what", "sessions hit", "their outcomes", "recovered", "resumed",
+                            "asked again"], rows)
+    kv = data["kv_baseline_vs_after"]
+    text += (f"\n\nKV blocks: {kv['baseline_blocks']} before the load, {num(kv['after_blocks'])} after it "
+             f"(back to baseline: {num(kv['back_to_baseline'])}); load {num(data['load_s'])} s.")
+    why = data["reask_reasons"]
+    if data["reasked"]:
+        text += " Asked again: " + "; ".join(f"{n} x {k} ({why['why'].get(k, 'a resume was possible: counted lost')})"
+                                              for k, n in sorted(why["counts"].items())) + "."
+    return text
+
+
+def _what(fault: dict) -> str:
+    kind = fault.get("fault")
+    if kind in ("replica_kill", "ingress_kill"):
+        return f"replica {fault.get('replica_id')}"
+    if kind == "node_removal":
+        held = (f"its replica(s) {', '.join(fault['replicas'])}" if fault.get("replicas") else
+                "**no engine replica was reporting from it** (none hit)")
+        after = num(round(fault["replaced_at_s"] - fault["at_s"], 1)) if "replaced_at_s" in fault else "-"
+        return f"worker node, {held}; a new node after {after} s"
+    if kind == "central_restart":
+        return f"central scheduler, back after {num(fault.get('back_after_s'))} s"
+    if kind == "shard_kill":
+        return f"shard {fault.get('shard_index')} of {fault.get('shards')}, back after {num(fault.get('back_after_s'))} s"
+    return ""

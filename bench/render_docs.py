@@ -56,6 +56,7 @@ REGISTRY: dict[str, Entry] = {
     "pipeline": Entry("pipeline.json", doc_tables.pipeline),
     "qa": Entry("qa.json", doc_tables.qa),
     "reliability": Entry("reliability.json", doc_tables.reliability),
+    "reliability_scale": Entry("reliability_scale.json", doc_tables_cluster.reliability_scale),
     "soak": Entry("soak.json", doc_tables.soak),
     "policies": Entry("policies.json", doc_tables.policies),
     "scheduler_overhead": Entry("scheduler_overhead.json", doc_tables.scheduler_overhead),

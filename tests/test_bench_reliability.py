@@ -29,7 +29,7 @@ import json
 import pytest
 
 from bench.reliability import LoadSpec, plan_sessions, run
-from bench.reliability_drills import is_lost, must_ask_again, outcome
+from bench.reliability_sessions import is_lost, must_ask_again, outcome
 from pipeline.run.rag_client import RagResult
 
 pytestmark = pytest.mark.timeout(300)

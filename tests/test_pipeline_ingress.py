@@ -4,16 +4,20 @@ session records in the shard actors, answers on the replicas.
 Consecutive streaming-input calls land on different ingress replicas and the session carries on;
 a retry through the other ingress is still a no-op; an ingress killed mid-answer loses nothing:
 the client reconnects with Last-Event-ID (through whichever ingress) and gets the rest, and the
-sessions it served keep working. A /v1/rag session is freed long before the idle TTL when the ingress
-driving it dies: mid-retrieval (its replica's retrieval call dies with its caller), or between calls
-(its replica finds the owner recorded at open gone). An ingress that dies between claiming a
-chunk's seq and committing it leaves no hole: the retry applies it, once.
+sessions it served keep working. A /v1/rag session cut mid-retrieval by its ingress's death is
+taken over: the client reconnects with the id of the last event it got, and gets the rest of the
+context events and the answer from the retrieval that went on on its replica (nothing run twice).
+A /v1/rag session is freed long before the idle TTL when the ingress driving it dies and no client
+takes it over: mid-retrieval (nobody tails its retrieval, which stops after the resume grace), or
+between calls (its replica finds the owner recorded at open gone). An ingress that dies between
+claiming a chunk's seq and committing it leaves no hole: the retry applies it, once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 import uuid
 
@@ -37,8 +41,9 @@ SLOW_TRACE_END_S = 30.0  # 90 s at the module's 3x pace
 def base(tmp_path_factory):
     traces = tmp_path_factory.mktemp("traces")
     write_crawler_csv([_slow_trace()], traces / "slow.csv")
+    write_crawler_csv([_paced_trace()], traces / "paced.csv")
     config = tiny_config(ingress={"replicas": 2}, retrievers={"trace_dir": str(traces), "trace_multiplier": 3.0},
-                         limits={"resume_grace_s": 30.0, "max_chunks_per_session": 40, "session_ttl_s": SESSION_TTL_S})
+                         limits={"resume_grace_s": 15.0, "max_chunks_per_session": 40, "session_ttl_s": SESSION_TTL_S})
     with serve_app(config) as url:
         yield url
 
@@ -51,6 +56,15 @@ def _slow_trace():
     first, second, last = trace.events[0], trace.events[1], trace.events[-1]
     events = (dataclasses.replace(first, start_s=0.0, end_s=0.2), dataclasses.replace(second, start_s=0.2, end_s=0.4),
               dataclasses.replace(last, start_s=0.4, end_s=SLOW_TRACE_END_S))
+    return dataclasses.replace(trace, events=events)
+
+
+def _paced_trace():
+    """Three pieces, the last two 6 s and 12 s in at the module's 3x pace: a client cut after the
+    first is away while the rest is retrieved."""
+    trace = synthetic_crawler_traces(1, seed=7, tokens_scale=0.05, mean_scrapes=4)[0]
+    events = tuple(dataclasses.replace(e, start_s=start, end_s=end)
+                   for e, (start, end) in zip(trace.events, ((0.0, 0.2), (0.2, 2.0), (2.0, 4.0))))
     return dataclasses.replace(trace, events=events)
 
 
@@ -109,13 +123,51 @@ def _replica_sessions(base) -> set[str]:
     return {sid for r in view["replicas"].values() for sid in r["sessions"]}
 
 
+def test_rag_session_cut_mid_retrieval_by_its_ingress_death_is_taken_over(base):
+    body = {"question": "What was found?", "source": {"type": "trace", "trace": "paced.csv"},
+            "sampling": {"max_tokens": 8, "temperature": 0.0}}
+    reference = sse_with_ids(post(base, "/v1/rag", body).text)
+    assert reference[-1][0] == "final", reference
+    got = []
+    with httpx.stream("POST", f"{base}/v1/rag", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        ingress = r.headers[INGRESS_HEADER]
+        block: dict = {}
+        for line in r.iter_lines():  # up to the first context event: the retrieval goes on after it
+            if line:
+                key, _, value = line.partition(": ")
+                block[key] = value
+                continue
+            got.append((block["event"], json.loads(block["data"]), block.get("id")))
+            block = {}
+            if got[-1][0] == "context":
+                break
+        name = f"SERVE_REPLICA::stream2llm#Ingress#{ingress}"
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+        wait_until(lambda: not asyncio.run(serve_actor_alive(name)), timeout=60)
+    assert [n for n, _, _ in got] == ["session", "context"], got
+    r = post(base, "/v1/rag", body, headers={"Last-Event-ID": got[-1][2]})
+    assert r.status_code == 200 and r.headers[INGRESS_HEADER] != ingress, r.text
+    rest = sse_with_ids(r.text)
+    names = [n for n, _, _ in got + rest]
+    assert names.count("context") == 3 and names.count("retrieval_done") == 1, names  # none twice, none lost
+    final = rest[-1][1]
+    assert rest[-1][0] == "final" and final["recovered"] is False, rest
+    assert len(final["citations"]) == 3 and final["chunks"] == 3, final
+    # the same greedy answer as a run never cut: its replica prefilled each piece once
+    assert [t for n, d, _ in rest if n == "token" for t in d["token_ids"]] == \
+        [t for n, d, _ in reference if n == "token" for t in d["token_ids"]]
+    wait_until(lambda: final["session_id"] not in _replica_sessions(base), timeout=60)
+    wait_until(lambda: httpx.get(f"{base}/healthz", timeout=10).status_code == 200, timeout=60)
+
+
 def test_rag_session_of_an_ingress_killed_mid_retrieval_is_freed(base):
     body = {"question": "What was found?", "source": {"type": "trace", "trace": "slow.csv"}}
     with httpx.stream("POST", f"{base}/v1/rag", json=body, timeout=60) as r:
         assert r.status_code == 200
         ingress = r.headers[INGRESS_HEADER]
         event_id = next(line[len("id: "):] for line in r.iter_lines() if line.startswith("id: "))
-        session_id = event_id.split(".")[0]  # a context event's id: <session>.c<n>
+        session_id = event_id.split(".")[0]  # the session event's id: <session>.<replica>.c0
         # the view comes from replica reports (every 0.5 s, later on a loaded machine); the slow
         # trace's retrieval lasts 90 s, so the session is still retrieving when it shows
         waited = time.monotonic()

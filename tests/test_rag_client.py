@@ -1,4 +1,5 @@
-"""`pipeline.run.rag_client.ask` resumes a cut answer with Last-Event-ID, and only an answer.
+"""`pipeline.run.rag_client.ask` resumes a cut stream with Last-Event-ID (an answer, or a session
+taken over before its answer) and sends again a request no ingress answered.
 
 The HTTP side is an `httpx.MockTransport` standing in for the ingress: these tests check the
 client's decisions (when to reconnect, with which id, what it keeps). The real reconnect through a
@@ -65,12 +66,28 @@ async def test_an_answer_cut_mid_way_is_resumed_from_the_last_answer_event():
     assert seen[0][1] == seen[1][1] == seen[2][1]
 
 
-async def test_a_stream_cut_before_any_answer_event_is_not_resumed():
+async def test_a_stream_cut_mid_retrieval_is_taken_over_from_the_last_event_before_the_answer():
     seen: list = []
-    result = await _ask([(200, sse("context", {"source_id": "d"}, "s.c1"), True, "a")], seen)
-    assert not result.ok and result.resumed == 0 and len(seen) == 1
-    assert result.last_event_id is None and result.error.startswith("RemoteProtocolError")
-    assert result.session_id == "s"  # known from the context event's id (leak reports name it)
+    first = sse("session", {"session_id": "s"}, "s.r1.c0") + sse("context", {"source_id": "d"}, "s.r1.c1")
+    rest = (sse("context", {"source_id": "e"}, "s.r1.c2") + sse("retrieval_done", {}, "s.r1.c3")
+            + token("Lima", "s.r1.1") + sse("final", FINAL, "s.r1.1"))
+    result = await _ask([(200, first, True, "a"), (200, rest, False, "b")], seen)
+    assert result.ok and result.answer == "Lima" and result.contexts == 2
+    assert result.resumed == 1 and result.taken_over == 1 and result.retried == 0
+    assert [h for h, _ in seen] == [None, "s.r1.c1"] and seen[0][1] == seen[1][1]
+    assert result.session_id == "s"  # known from the session event's id (leak reports name it)
+
+
+async def test_a_request_no_ingress_answered_is_sent_again_and_an_ingress_error_is_not():
+    seen: list = []
+    answer = sse("session", {}, "s.r1.c0") + token("Lima", "s.r1.1") + sse("final", FINAL, "s.r1.1")
+    result = await _ask([(500, "Internal Server Error", False, ""), (200, answer, False, "b")], seen)
+    assert result.ok and result.retried == 1 and result.resumed == 0
+    assert [h for h, _ in seen] == [None, None]
+    seen = []
+    error = json.dumps({"error": "EngineError", "reason": "boom"})
+    result = await _ask([(500, error, False, "a")], seen)
+    assert not result.ok and result.retried == 0 and len(seen) == 1 and result.error.startswith("EngineError")
 
 
 async def test_an_error_event_after_answer_events_is_the_answer_not_a_cut():

@@ -27,7 +27,9 @@ from pipeline.ingress.replica_client import EngineClient
 from pipeline.config import AppConfig
 from pipeline.errors import AdmissionRejected, BadRequest, ReplicaNotReady, unwrap
 from pipeline.ingress.cleanup import cleanup
-from pipeline.ingress.flows import FlowContext, answer_events, parse_event_id, rag_events, resume_events
+from pipeline.ingress.flows import (FlowContext, answer_events, parse_context_event_id, parse_event_id, rag_events,
+                                    resume_events)
+from pipeline.ingress.takeover import takeover_events
 from pipeline.ingress.http_util import (LimitsMiddleware, error_response, event_stream, first_then_rest,
                                 http_exception_response, validation_response)
 from pipeline.ingress.metrics import PipelineMetrics
@@ -104,7 +106,7 @@ class Ingress:
         parsed = parse_event_id(last_event_id)
         if parsed is None or (session_id is not None and parsed[0] != session_id):
             raise BadRequest(f"Last-Event-ID {last_event_id!r} is not an answer event of this session "
-                             "(context events cannot be resumed: ask again)")
+                             "(a streaming-input session's context is kept by its record: finish it)")
         events = await first_then_rest(resume_events(await self._flow(), *parsed))
         return event_stream(events) if stream else await _collect(events)
 
@@ -142,12 +144,23 @@ class IngressRoutes(Ingress):
         routing = {"ingress": self.ingress_id, "exits": dict(ROUTING_EXITS), "listed": sorted(LISTED)}
         return {"pressure": pressure, "replicas": replicas, "routing": routing, "moves": moves}
 
-    @_route("post", "/v1/rag", responses={**event_stream_or_json("The answer: SSE events (context, token, final), or JSON."),
+    @_route("post", "/v1/rag", responses={**event_stream_or_json("The answer: SSE events (session, context, token, final), or JSON."),
                                        **error_responses(*BODY_ERRORS, 404, 409, 429, 501, 503)})
     async def rag(self, body: RagRequest, last_event_id: str | None = Header(None)):
+        if last_event_id and (context := parse_context_event_id(last_event_id)) is not None:
+            return await self._run(self._takeover(body, *context))
         if last_event_id:
             return await self._run(self._resume(last_event_id, None, body.stream))
         return await self._run(self._rag(body))
+
+    async def _takeover(self, body: RagRequest, session_id: str, replica_id: str, position: int):
+        """A client whose stream was cut before the answer (its ingress died) reconnected with the id
+        of the last event it got: this ingress drives the session from there (`takeover_events`)."""
+        if body.prompt_mode == PromptMode.ONESHOT:
+            raise BadRequest("a one-shot request has no context events to resume from: ask again")
+        self.config.check_answer_length(body.sampling.max_tokens)
+        events = await first_then_rest(takeover_events(await self._flow(), body, session_id, replica_id, position))
+        return event_stream(events) if body.stream else await _collect(events)
 
     async def _rag(self, body: RagRequest):
         self.config.check_answer_length(body.sampling.max_tokens)

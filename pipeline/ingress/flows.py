@@ -3,10 +3,14 @@
 `answer_events` decodes a session that already holds its context; `rag_events` streams a source's
 context into a fresh session while retrieval runs, then answers. For retriever sources the replica
 pulls the retriever actor's stream itself and sends back summaries: the ingress never sees chunk
-text. An exit during retrieval (error, client disconnect = cancellation) aborts the session so its
-KV is freed at once; an answer that loses its reader keeps running on its replica for
-`limits.resume_grace_s`, so that a reconnect with `Last-Event-ID` (the answer event's id:
-`<session>.<replica>.<tokens so far>`) gets the rest from there.
+text. An error during retrieval aborts the session. A retrieval that loses its reader (a
+cancellation: the client left, or this ingress is going down) is detached: its replica keeps the
+session for `limits.resume_grace_s`, so that a reconnect with `Last-Event-ID` (the id of the last
+event the client got: `<session>.<replica>.c<position>`) is taken over by any ingress
+(`pipeline.ingress.takeover`), then aborts it (an inline source's session is aborted at once: a
+take-over runs it again). An answer that loses its reader keeps running on its replica for the same
+grace, so that a reconnect with the answer event's id (`<session>.<replica>.<tokens so far>`) gets
+the rest from there.
 """
 
 from __future__ import annotations
@@ -60,14 +64,31 @@ def parse_event_id(event_id: str) -> tuple[str, str, int] | None:
     return parts[0], parts[1], int(parts[2])
 
 
-async def answer_events(ctx: FlowContext, session: SessionLog, question: str, sampling: dict, endpoint: str):
-    """Yield ("token", delta, id) ... ("final", summary, id); the session is finished either way."""
+def context_event_id(session: SessionLog, position: int) -> str:
+    """`<session>.<replica>.c<position>`: the session event is c0; a retriever source's context
+    events carry their position in the replica's context log, an inline source's their count."""
+    return f"{session.session_id}.{session.replica_id}.c{position}"
+
+
+def parse_context_event_id(event_id: str) -> tuple[str, str, int] | None:
+    """(session id, replica id, context position), or None for an id of another kind."""
+    parts = event_id.strip().split(".")
+    if len(parts) != 3 or not parts[2].startswith("c") or not parts[2][1:].isdigit():
+        return None
+    return parts[0], parts[1], int(parts[2][1:])
+
+
+async def answer_events(ctx: FlowContext, session: SessionLog, question: str, sampling: dict, endpoint: str,
+                        or_resume: bool = False):
+    """Yield ("token", delta, id) ... ("final", summary, id); the session is finished either way.
+    `or_resume`: the session was taken over, and an answer its first ingress started is sent whole."""
     finished = answering = False
     try:
         async with session.lock:
             session.touch()
             stats: dict = {}
-            async for event in token_events(ctx.client.finish(session, question, sampling), stats, session):
+            answer = ctx.client.finish(session, question, sampling, or_resume=or_resume)
+            async for event in token_events(answer, stats, session):
                 answering = True
                 yield event
             finished = True
@@ -139,40 +160,76 @@ def final_event(session: SessionLog, stats: dict) -> dict:
     }
 
 
-async def rag_events(ctx: FlowContext, request):
-    """Open a session, stream the source's context into it as it arrives, then answer."""
+async def rag_events(ctx: FlowContext, request, skip: int = 0):
+    """Open a session, say its id (a `session` event: with it a client whose stream is cut can
+    reconnect), stream the source's context into it as it arrives, then answer. `skip`: the client
+    has the first `skip` context events of this (inline, so deterministic) source already."""
     started = time.monotonic()
+    inline = request.source.type in INLINE_SOURCES
+    call = None if inline else await ctx.actors.call(request.source, request.question)  # a bad source: 4xx
     session = await ctx.client.open(source_type(request.source), owner=ctx.owner)
+    context = _context(ctx, session, request, call, skip)
+    async for item in drive_session(ctx, session, request, started, _announced(session, context, inline)):
+        yield item
+
+
+async def _announced(session: SessionLog, context, inline: bool):
+    """The `session` event, then the context events. An inline source's first event is made first:
+    a bad document id must still be answered with a status code (400), not an error event."""
+    first = await anext(context, None) if inline else None
+    yield "session", {"session_id": session.session_id, "replica_id": session.replica_id}, context_event_id(session, 0)
+    if first is not None:
+        yield first
+    async for item in context:
+        yield item
+
+
+async def drive_session(ctx: FlowContext, session: SessionLog, request, started: float, context, or_resume: bool = False):
+    """The session's context events, then its answer. Ended before the answer by an error, the
+    session is aborted; by a lost reader (a cancellation: the client left, or this ingress is going
+    down), a retriever source's session is left to its replica for a take-over (`detach`), an
+    inline one (run again on a take-over) is aborted."""
     handed_over = False
     try:
         async with session.lock:
-            async for item in _context(ctx, session, request):
+            async for item in context:
                 yield item
         retrieval_s = time.monotonic() - started
         handed_over = True
         sampling = request.sampling.model_dump()
         async for name, data, event_id in answer_events(ctx, session, ctx.template.footer(request.question),
-                                                        sampling, "rag"):
+                                                        sampling, "rag", or_resume=or_resume):
             if name == "final":
                 data = {**data, "retrieval_s": round(retrieval_s, 4)}
             yield name, data, event_id
+    except asyncio.CancelledError:
+        if not handed_over and request.source.type not in INLINE_SOURCES:
+            handed_over = True
+            await cleanup(ctx.client.detach_quietly(session))
+        raise
     finally:
         if not handed_over:
             await cleanup(ctx.client.abort_quietly(session))
 
 
-async def _context(ctx: FlowContext, session: SessionLog, request):
-    """Context events with ids: from the replica (retriever sources) or built here (inline)."""
+async def _context(ctx: FlowContext, session: SessionLog, request, call, skip: int = 0):
+    """Context events with ids: from the replica (retriever sources: `call`) or built here (inline)."""
+    if call is not None:
+        async for item in with_context_ids(session, replica_context(ctx, session, call)):
+            yield item
+        return
+    await ctx.client.add(session, ContextOp.APPEND, ctx.template.header)
     n = 0
-    if request.source.type in INLINE_SOURCES:
-        await ctx.client.add(session, ContextOp.APPEND, ctx.template.header)
-        events = _inline_context(ctx, session, open_source(request.source, request.question, ctx.actors))
-    else:
-        call = await ctx.actors.call(request.source, request.question)
-        events = _replica_context(ctx, session, call)
-    async for name, data in events:
+    async for name, data in _inline_context(ctx, session, open_source(request.source, request.question, ctx.actors)):
         n += 1
-        yield name, data, f"{session.session_id}.c{n}"
+        if n > skip:
+            yield name, data, context_event_id(session, n)
+
+
+async def with_context_ids(session: SessionLog, events):
+    """A retriever source's events, each with its position in the replica's context log as id."""
+    async for name, data in events:
+        yield name, data, context_event_id(session, session.context_pos)
 
 
 async def _inline_context(ctx: FlowContext, session: SessionLog, events):
@@ -195,9 +252,9 @@ async def context_items(ctx: FlowContext, session: SessionLog, events, add):
             return
 
 
-async def _replica_context(ctx: FlowContext, session: SessionLog, call):
+async def replica_context(ctx: FlowContext, session: SessionLog, call, after: int = 0):
     """The replica's summaries (the client's citations kept by `ctx.client.stream_context`)."""
-    async for name, data in ctx.client.stream_context(session, call):
+    async for name, data in ctx.client.stream_context(session, call, after):
         if name == "context":
             ctx.metrics.replica_chunks.inc()
         yield name, data

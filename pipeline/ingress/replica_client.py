@@ -187,6 +187,7 @@ class EngineClient:
             session.restart_retrieval()
             async for name, data in self._context_stream(session, session.retrieval):
                 data.pop("key", None)
+                session.context_pos = data.pop("pos", 0)
                 session.note_retrieved(name, data)
         for op, text in session.replay_ops():  # to where the open landed, not where it was placed
             session.context_tokens = await self._handle.change_context.remote(session.session_id, op, text,
@@ -197,13 +198,26 @@ class EngineClient:
         return self._handle.options(stream=True).stream_context.remote(
             session.session_id, call, route_to=session.replica_id)
 
-    async def stream_context(self, session: SessionLog, call):
+    async def take_over(self, session: SessionLog) -> dict:
+        """Drive `session` from this ingress (its first one died): the replica's `take_over`; a replica
+        gone too is `SessionGone` (404: nothing holds the session)."""
+        try:
+            return await self._handle.take_over.remote(session.session_id, session.owner, route_to=session.replica_id)
+        except Exception as e:
+            if is_replica_gone(e):
+                raise SessionGone(f"session {session.session_id!r} was lost with its replica "
+                                  f"{session.replica_id}, and the ingress driving it died: ask again") from None
+            raise unwrap(e) from None
+
+    async def stream_context(self, session: SessionLog, call, after: int = 0):
         """The replica pulls the retriever's stream into the session; yields its summaries and keeps
         the session's citations. A lost replica: the retrieval runs again on another one, which
         may differ from the first run; events are matched by identity (the replica's content hash
         of each piece, `pipeline.replica.context.chunk_key`, counted with repeats), so the caller
         gets every piece of the new run it has not had, whatever its position, and nothing twice.
-        The citations become the new run's: what the answer's replica holds."""
+        The citations become the new run's: what the answer's replica holds. `after`: the client
+        has the replica's first `after` summaries already (a take-over): they are noted, not yielded.
+        `session.context_pos` follows the position in the replica's log of the last summary read."""
         session.retrieval = call
         sent: Counter = Counter()
         for attempt in range(MAX_RECOVERIES + 1):
@@ -213,8 +227,11 @@ class EngineClient:
                 async for name, data in self._context_stream(session, call):
                     key = (name, data.pop("key", None))
                     run[key] += 1
+                    pos = session.context_pos = data.pop("pos", 0)
                     session.note_retrieved(name, data)
-                    if run[key] > sent[key]:
+                    if attempt == 0 and 0 < pos <= after:  # the client had it from the ingress that died
+                        sent[key] += 1
+                    elif run[key] > sent[key]:
                         sent[key] += 1
                         yield name, data
                 session.retrieval_done = True
@@ -222,7 +239,7 @@ class EngineClient:
             except Exception as e:
                 await self._recover_or_raise(session, e, attempt)
 
-    async def finish(self, session: SessionLog, question: str, sampling: dict):
+    async def finish(self, session: SessionLog, question: str, sampling: dict, or_resume: bool = False):
         """Yield `AnswerPiece`s then the `AnswerEnd`. A replica lost mid-answer is recovered and the
         answer regenerated when it is reproducible (greedy or seeded); the new replica checks its
         answer token by token against the tokens already sent before it sends the rest, and a
@@ -231,7 +248,7 @@ class EngineClient:
         for attempt in range(MAX_RECOVERIES + 1):
             stream = self._handle.options(stream=True).finish.remote(
                 session.session_id, question, sampling, expect=list(sent) if sent else None,
-                route_to=session.replica_id)
+                or_resume=or_resume and not sent, route_to=session.replica_id)
             try:
                 async for item in stream:
                     if isinstance(item, AnswerPiece):
@@ -276,6 +293,15 @@ class EngineClient:
             await self.abort(session)
         except Exception as e:
             log.warning("abort of session %s on %s failed (its replica's idle TTL frees it): %r",
+                        session.session_id, session.replica_id, e)
+
+    async def detach_quietly(self, session: SessionLog) -> None:
+        """The session's retrieval lost its reader: its replica keeps it for a take-over for the resume
+        grace, then aborts it (`EngineReplica.detach`); best effort, as `abort_quietly`."""
+        try:
+            await self._handle.detach.remote(session.session_id, route_to=session.replica_id)
+        except Exception as e:
+            log.warning("detach of session %s on %s failed (its replica's owner check frees it): %r",
                         session.session_id, session.replica_id, e)
 
     def release(self, session: SessionLog, context_tokens: int | None) -> None:

@@ -19,6 +19,7 @@ from ray import serve
 
 from engine.api import SamplingConfig, SessionNotFoundError
 from pipeline.replica.answers import AnswerEnd, AnswerLogs
+from pipeline.replica.context_log import ContextLogs, outside_the_request
 from pipeline.control.central import get_or_create_scheduler
 from pipeline.control.central_client import drain_replica
 from pipeline.config import AppConfig
@@ -28,6 +29,7 @@ from pipeline.replica.context import (ContextLimits, RetrieverCall, Tokenizer, a
 from pipeline.control.liveness import serve_actor_alive
 from pipeline.replica.drain import move_out
 from pipeline.replica.session_owners import IDLE_BEFORE_CHECK_S, SessionOwners
+from pipeline.replica.upkeep import ReplicaUpkeep
 from stream2llm.data.traces import ContextOp
 
 log = logging.getLogger("stream2llm.replica")
@@ -39,7 +41,7 @@ async def build_engine(config: AppConfig):
     return await create_engine(config.engine_config())
 
 
-class EngineReplica:
+class EngineReplica(ReplicaUpkeep):
     async def __init__(self, config: dict):
         self._config = AppConfig.model_validate(config)
         self._engine = await build_engine(self._config)
@@ -56,6 +58,11 @@ class EngineReplica:
         self._tokenize = Tokenizer(self._engine.tokenize)
         limits = self._config.limits
         self._answers = AnswerLogs(grace_s=limits.resume_grace_s, keep_s=limits.session_ttl_s)
+        self._contexts = ContextLogs(grace_s=limits.resume_grace_s, task_context=outside_the_request)
+        self._detached: dict[str, float] = {}  # session -> when it is aborted unless taken over
+        # an orphan is a session whose driving ingress is gone and whose client did not take it over
+        # (reconnect with Last-Event-ID) within the resume grace
+        self._orphan_after_s = max(IDLE_BEFORE_CHECK_S, limits.resume_grace_s)
         self._header: str | None = None
         self._scheduler = get_or_create_scheduler(self._config)
         self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
@@ -128,12 +135,42 @@ class EngineReplica:
         if arriving is not None:
             await arriving.wait()
 
-    async def stream_context(self, session_id: str, call: RetrieverCall, route_to=None):
+    async def stream_context(self, session_id: str, call: RetrieverCall, after: int = 0, route_to=None):
         """Pull a retriever actor's stream into the session (prefilling each piece as it comes, a
-        replacement once it settles); yield (event, data) summaries: context, context_skipped,
-        source_error, retrieval_done."""
+        replacement once it settles), in a task of this replica that outlives the caller
+        (`pipeline.replica.context_log`); yield the (event, data) summaries after the first `after`,
+        each with its log position `pos`: context, context_skipped, source_error, retrieval_done.
+        A second call (another ingress took the session over) tails the same retrieval."""
         await self._arrived(session_id)
         self._known(session_id)
+        log = self._contexts.start_or_get(session_id, lambda: self._pull_context(session_id, call))
+        async for item in log.tail(after):
+            yield item
+
+    async def take_over(self, session_id: str, owner: str | None, route_to=None) -> dict:
+        """Another ingress drives the session from now on (its client reconnected after the first
+        one died); whether its answer has started here. `SessionGone` when this replica holds
+        neither the session nor its answer."""
+        answering = self._answers.get(session_id) is not None
+        if session_id not in self._touched and not answering:
+            raise SessionGone(f"session {session_id!r} is not open on replica {self.replica_id} (its replica "
+                              "was lost as well as the ingress driving it): ask again")
+        self._owners.forget(session_id)
+        self._owners.add(session_id, owner)
+        self._detached.pop(session_id, None)
+        self._touch(session_id)
+        return {"answering": answering, "retrieving": self._contexts.get(session_id) is not None}
+
+    async def detach(self, session_id: str, route_to=None) -> bool:
+        """The reader of the session's retrieval left (its client, or its ingress going down): the
+        session is kept for `limits.resume_grace_s` for a take-over (`take_over`), then aborted, as an
+        answer nobody reads is. False when the session is not open here."""
+        if session_id not in self._touched:
+            return False
+        self._detached[session_id] = time.monotonic() + self._config.limits.resume_grace_s
+        return True
+
+    async def _pull_context(self, session_id: str, call: RetrieverCall):
         self._busy.add(session_id)
         limits = ContextLimits(self._config.limits.max_chunks_per_session, self._config.context_limit)
         try:
@@ -146,11 +183,16 @@ class EngineReplica:
             self._touch(session_id)
 
     async def finish(self, session_id: str, question: str, sampling: dict | None = None,
-                     expect: list[int] | None = None, route_to=None):
+                     expect: list[int] | None = None, or_resume: bool = False, route_to=None):
         """Start the answer (in a task of this replica) and stream it: coalesced `AnswerPiece`s,
         then one `AnswerEnd`; every item carries `tokens` (the answer's tokens so far). `expect`: the
         tokens a client already has (this is a regeneration after a lost replica), checked one by
-        one before the rest follows (`AnswerLog.tail`). A second finish is a `SessionConflict` (409)."""
+        one before the rest follows (`AnswerLog.tail`). A second finish is a `SessionConflict` (409),
+        unless `or_resume` (an ingress that took the session over: the answer from its start)."""
+        if or_resume and (started := self._answers.get(session_id)) is not None:
+            async for item in started.tail(0):
+                yield item
+            return
         if self._answers.get(session_id) is not None:
             raise SessionConflict(f"session {session_id} was already finished; reconnect with "
                                   "Last-Event-ID to get the rest of its answer")
@@ -233,6 +275,8 @@ class EngineReplica:
         self._source.pop(session_id, None)
         self._applied_seq.pop(session_id, None)
         self._owners.forget(session_id)
+        self._contexts.end(session_id)
+        self._detached.pop(session_id, None)
 
     def _session_stats(self, session_id: str) -> dict:
         s = self._engine.session_stats(session_id)
@@ -261,75 +305,6 @@ class EngineReplica:
         s = await self._engine.stats()
         self._last_stats = {**asdict(s), "kv_blocks_free": s.kv_blocks_free}
         return self._last_stats
-
-    def record_routing_stats(self) -> dict:
-        return dict(self._last_stats)
-
-    def record_autoscaling_stats(self) -> dict:
-        """Custom metrics for `pipeline.control.autoscale.KVPressurePolicy`: this engine's real KV
-        use, and the central scheduler's load (real KV, sequence slots) and admission queue."""
-        total = self._last_stats.get("kv_blocks_total") or 1
-        return {
-            "kv_used_frac": self._last_stats.get("kv_blocks_used", 0) / total,
-            "cluster_load_frac": float(self._pressure.get("load_frac", 0.0)),
-            "cluster_queued": float(self._pressure.get("queued", 0)),
-        }
-
-    # ---- background: reports and TTL -------------------------------------------------------
-    async def _report_loop(self) -> None:
-        interval = self._config.replicas.report_interval_s
-        while True:
-            try:
-                await self._expire_idle()
-                await self._report()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the scheduler may be restarting: report again next round
-                log.warning("report to the central scheduler failed: %r", e)
-            await asyncio.sleep(interval)
-
-    async def _report(self) -> None:
-        stats = await self._fresh_stats()
-        sessions = {}
-        for sid in list(self._touched):
-            try:
-                sessions[sid] = self._engine.session_stats(sid).context_tokens
-            except SessionNotFoundError:
-                self._forget(sid)
-        report = {
-            "replica_id": self.replica_id, "kv_blocks_total": stats["kv_blocks_total"],
-            "kv_blocks_used": stats["kv_blocks_used"], "block_size": stats["block_size"],
-            "sessions_active": stats["sessions_active"], "sessions_idle": stats["sessions_idle"],
-            "queue_depth": len(self._busy), "sessions": sessions,
-            "source_types": {s: self._source.get(s, "") for s in sessions},
-            "node_id": self.node_id, "preemptions": stats["preemptions"],
-            "max_num_seqs": self._config.model.max_num_seqs, "running": int(stats["extra"].get("running", 0)),
-            "waiting": int(stats["extra"].get("waiting", 0)),
-        }
-        self._pressure = await self._scheduler.report.remote(report)
-
-    async def _expire_idle(self) -> None:
-        self._answers.expire()
-        ttl = self._config.limits.session_ttl_s
-        now = time.monotonic()
-        idle = {sid: now - touched for sid, touched in self._touched.items() if sid not in self._busy}
-        for sid, idle_s in idle.items():
-            if idle_s > ttl:
-                log.info("aborting session %s: idle for %.1f s (TTL %.1f s)", sid, idle_s, ttl)
-                await self._drop(sid)
-        for sid in await self._owners.orphans(s for s, idle_s in idle.items() if IDLE_BEFORE_CHECK_S < idle_s <= ttl):
-            log.warning("aborting session %s: the ingress replica that drove it is gone", sid)
-            await self._drop(sid)
-
-    async def _drop(self, session_id: str) -> None:
-        await self.abort(session_id)
-        await self._scheduler.release.remote(session_id)  # else the central actor keeps counting it
-
-    async def check_health(self) -> None:
-        """Serve replaces the replica when its engine died (e.g. EngineDeadError)."""
-        if self._reporter.done() and not self._reporter.cancelled():
-            raise RuntimeError(f"report loop stopped: {self._reporter.exception()!r}")
-        await asyncio.wait_for(self._engine.stats(), timeout=10)
 
     async def __del__(self):
         if getattr(self, "_scheduler", None) is not None:  # scale-down: no new placements here

@@ -1,9 +1,11 @@
 """The ingress replica that drives a one-request session (`/v1/rag`), and whether it still lives.
 
 A `/v1/rag` session is driven from start to answer by the one ingress replica that took the
-request; no other ingress knows it (streaming-input sessions, by contrast, live in the session store
-and any ingress serves them). When that ingress dies before the answer starts, nobody will finish or
-abort the session: without an owner check its replica would hold its KV until the idle TTL. The
+request, or by the one its client's reconnect reached after that one died (a take-over: the replica
+records the new owner); streaming-input sessions, by contrast, live in the session store and any
+ingress serves them. When the driving ingress dies before the answer starts and no client takes the
+session over, nobody will finish or abort it: without an owner check its replica would hold its KV
+until the idle TTL. The
 replica records the owner at open and, for sessions idle a while, asks whether the owner's actor
 still exists (one lookup per owner per `recheck_s`, whatever the number of its sessions).
 """

@@ -8,12 +8,14 @@
 context piece is in) to the first answer token, both received over HTTP. `engine_ttft_s` is the
 engine's own figure for the same request (from handing over the question to its first token).
 
-With `resume_attempts`, a stream cut after the answer began (its ingress died, a proxy dropped the
-connection) is picked up again with `Last-Event-ID`, the id of the last answer event received: the
-ingress that takes the reconnect serves the rest of the answer from its replica, with no retrieval
-and no generation run again. A stream cut before any answer event cannot be resumed (a context
-event's id does not lead back into a retrieval): the caller may ask again. Nor can an answer whose
-replica died too: the resume is answered `SessionGone` (404), and the caller may ask again.
+With `resume_attempts`, a cut stream (its ingress died, a proxy dropped the connection) is picked up
+again with `Last-Event-ID`, the id of the last event received. After the answer began, the ingress
+that takes the reconnect serves the rest of the answer from its replica; before it (the `session`
+event, a context event), it takes the session over: the retrieval went on on the replica, and the
+reconnect gets the context events it missed, then the answer (`resumed` counts both, `taken_over`
+the second). Nothing runs twice. A request cut before any event (no ingress answered it) is sent
+again (`retried`): nothing of it had reached the client. An answer whose replica died too cannot be resumed:
+the reconnect is answered `SessionGone` (404), and the caller may ask again.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class RagResult:
     token_times: list[float] = field(default_factory=list)  # arrival of each token event (serving metrics' ITL)
     last_event_id: str | None = None  # of the last answer event received: where a resume starts
     resumed: int = 0                  # reconnects made with Last-Event-ID
+    taken_over: int = 0               # ... of them from an event before the answer (a context event's id)
+    retried: int = 0                  # requests sent again that no ingress had answered (nothing started)
     ingresses: list[str] = field(default_factory=list)  # ingress replica of each response, in order
     session_id: str | None = None     # from the first event id (ids start with the session's)
 
@@ -97,19 +101,33 @@ async def ask(http: httpx.AsyncClient, base_url: str, question: str, source: dic
             "sampling": {"max_tokens": max_tokens, "temperature": 0.0}}
     result = RagResult(question, prompt_mode, sent_at=time.monotonic())
     try:
-        cut = await _read(http, f"{base_url}/v1/rag", body, headers, result)
-        while cut and result.last_event_id is not None and result.resumed < resume_attempts:
-            result.resumed += 1
-            await asyncio.sleep(RESUME_BACKOFF_S * result.resumed)
+        cut = await read_events(http, f"{base_url}/v1/rag", body, headers, result)
+        while cut and result.resumed + result.retried < resume_attempts:
+            if result.last_event_id is None and not _unstarted(result):
+                break
+            again = dict(headers or {})
+            if result.last_event_id is None:
+                result.retried += 1
+            else:
+                result.resumed += 1
+                result.taken_over += result.last_event_id.rsplit(".", 1)[-1].startswith("c")
+                again["Last-Event-ID"] = result.last_event_id
+            await asyncio.sleep(RESUME_BACKOFF_S * (result.resumed + result.retried))
             result.error = None
-            cut = await _read(http, f"{base_url}/v1/rag", body,
-                              {**(headers or {}), "Last-Event-ID": result.last_event_id}, result)
+            cut = await read_events(http, f"{base_url}/v1/rag", body, again, result)
     finally:
         result.done_at = time.monotonic()
     return result
 
 
-async def _read(http: httpx.AsyncClient, url: str, body: dict, headers: dict | None, result: RagResult) -> bool:
+def _unstarted(result: RagResult) -> bool:
+    """No event came and no ingress answered (a transport error, or Serve's proxy answered 5xx for
+    an ingress that died): nothing reached the client, and a session the dead ingress may have
+    opened is freed by its replica (owner check), so sending the request again is safe."""
+    return result.session_id is None and (result.status == 0 or not (result.ingresses and result.ingresses[-1]))
+
+
+async def read_events(http: httpx.AsyncClient, url: str, body: dict, headers: dict | None, result: RagResult) -> bool:
     """One POST and its events into `result`; a cut or failed stream leaves `error` set. True when
     trying again may help: the stream was cut (a transport error, or it ended with neither a final
     nor an error event) or a server-side 5xx; an error event or a 4xx is the answer."""
@@ -123,7 +141,7 @@ async def _read(http: httpx.AsyncClient, url: str, body: dict, headers: dict | N
                 return response.status_code >= 500
             async for name, data, event_id in sse_events(response):
                 apply_event(result, name, data, event_id)
-                if event_id and name in ANSWER_EVENTS:  # context events' ids cannot be resumed from
+                if event_id:  # where a reconnect starts (before the answer: a take-over)
                     result.last_event_id = event_id
     except httpx.HTTPError as e:
         result.error = f"{type(e).__name__}: {e}"

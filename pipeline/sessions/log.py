@@ -26,6 +26,7 @@ class SessionLog:
     retrieval: object | None = None     # a RetrieverCall the replica ran (no text kept here)
     retrieval_done: bool = False
     retrieved_chunks: int = 0           # pieces the replica prefilled from `retrieval`
+    context_pos: int = 0                # position in the replica's context log of the last summary read
     last_seq: int = -1                  # highest client sequence number applied (idempotent appends)
     sources: list[dict] = field(default_factory=list)         # citations, in arrival order
     context_tokens: int = 0

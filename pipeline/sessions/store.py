@@ -227,6 +227,16 @@ class SessionShard:
                 del self._finished[sid]
 
 
+def shard_name(scheduler_name: str, index: int) -> str:
+    return f"{scheduler_name}_sessions_{index}"
+
+
+def shard_index(session_id: str, shards: int) -> int:
+    """Which of `shards` shards holds the session's record: a hash of its id."""
+    digest = hashlib.blake2b(session_id.encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") % shards
+
+
 class SessionStore:
     """The ingress's view of the shards: async calls, `SessionLog`s in and out."""
 
@@ -238,15 +248,14 @@ class SessionStore:
             SessionShard.options(name=name, namespace=NAMESPACE,
                                  lifetime="detached", get_if_exists=True, num_cpus=0,
                                  **placement).remote(name, config.limits.session_ttl_s)
-            for name in (f"{config.scheduler.actor_name}_sessions_{i}" for i in range(settings.session_shards))]
+            for name in (shard_name(config.scheduler.actor_name, i) for i in range(settings.session_shards))]
         issued_at = time.time()
         for shard in self._shards:  # a redeploy's TTL reaches shards that already existed
             shard.configure.remote(config.limits.session_ttl_s, issued_at)
         self.max_chunks = config.limits.max_chunks_per_session
 
     def _shard(self, session_id: str):
-        digest = hashlib.blake2b(session_id.encode(), digest_size=4).digest()
-        return self._shards[int.from_bytes(digest, "big") % len(self._shards)]
+        return self._shards[shard_index(session_id, len(self._shards))]
 
     async def add(self, log: SessionLog) -> None:
         await self._shard(log.session_id).create.remote(_record(log))
