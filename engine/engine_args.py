@@ -12,7 +12,7 @@ Every setting reaches vLLM unchanged; only the ones left at `None` get a platfor
 | dtype | bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), else float32 | "auto": the model's own |
 
 Why dtype depends on the CPU: without native bfloat16 PyTorch emulates it, and prefill runs several
-times slower than in float32 (`python -m bench.cpu_dtype`; figures in `docs/BENCHMARKS.md`, "CPU dtype").
+times slower than in float32 (`python -m bench.cpu_dtype`; figures in `docs/BENCHMARKS_COMPONENTS.md`, "CPU dtype").
 
 The pure part (`resolve_engine_args`) is unit-tested for both platforms on a CPU machine.
 """
