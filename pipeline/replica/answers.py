@@ -10,13 +10,13 @@ the client gave up), the generation is cancelled and its KV freed. Finished logs
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from pipeline.errors import AnswerDiverged
+from pipeline.replica.task_log import TaskLog
 
 
 @dataclass(frozen=True)
@@ -38,41 +38,16 @@ class AnswerEnd:
     tokens: int = 0
 
 
-class AnswerLog:
+class AnswerLog(TaskLog):
     def __init__(self, producer: AsyncIterator[AnswerPiece | AnswerEnd], grace_s: float):
-        self.items: list[AnswerPiece] = []
         self.stats: dict | None = None
-        self.error: BaseException | None = None
-        self.done_at: float | None = None
-        self._grace_s = grace_s
-        self._watchers = 0
-        self._changed = asyncio.Event()
-        self._reaper: asyncio.Task | None = None
-        self._task = asyncio.get_running_loop().create_task(self._run(producer))
+        super().__init__(producer, grace_s)
 
-    @property
-    def done(self) -> bool:
-        return self.done_at is not None
-
-    async def _run(self, producer) -> None:
-        try:
-            async for item in producer:
-                if isinstance(item, AnswerEnd):
-                    self.stats = item.stats
-                else:
-                    self.items.append(item)
-                self._notify()
-        except BaseException as e:  # cancellation included: tails must not wait forever
-            self.error = e
-            if not isinstance(e, Exception):
-                raise
-        finally:
-            self.done_at = time.monotonic()
-            self._notify()
-
-    def _notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
+    def _keep(self, item) -> None:
+        if isinstance(item, AnswerEnd):
+            self.stats = item.stats
+        else:
+            self.items.append(item)
 
     async def tail(self, after_tokens: int = 0,
                    expect: list[int] | None = None) -> AsyncIterator[AnswerPiece | AnswerEnd]:
@@ -82,8 +57,7 @@ class AnswerLog:
         was lost), the cursor is `len(expect)` and the answer's first tokens are checked against it
         one by one: at the first difference the answer is cancelled and `AnswerDiverged` raised."""
         after_tokens = len(expect) if expect is not None else after_tokens
-        self._watchers += 1
-        try:
+        with self._watched():
             i, seen = 0, 0
             while True:
                 if i < len(self.items):
@@ -106,10 +80,6 @@ class AnswerLog:
                 raise AnswerDiverged(f"the regenerated answer ended after {seen} tokens; the client already "
                                      f"has {after_tokens}: ask again")
             yield AnswerEnd(self.stats or {}, seen)
-        finally:
-            self._watchers -= 1
-            if self._watchers == 0 and not self.done:
-                self._reaper = asyncio.get_running_loop().create_task(self._reap())
 
     def _check(self, expect: list[int], start: int, ids: list[int]) -> None:
         """`ids`, the answer's tokens from position `start`, against the `expect`ed ones there."""
@@ -118,14 +88,6 @@ class AnswerLog:
                 self._task.cancel()
                 raise AnswerDiverged(f"the answer regenerated after its replica was lost differs from the one "
                                      f"being sent at token {start + k} (sent {sent}, regenerated {got}): ask again")
-
-    async def _reap(self) -> None:
-        await asyncio.sleep(self._grace_s)
-        if self._watchers == 0 and not self.done:
-            self._task.cancel()
-
-    def cancel(self) -> None:
-        self._task.cancel()
 
 
 class AnswerCancelled(RuntimeError):

@@ -13,45 +13,17 @@ the session, idle from then on, is aborted once its owner is found gone
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 from collections.abc import AsyncIterator, Callable
 
+from pipeline.replica.task_log import TaskLog
 
-class ContextLog:
-    def __init__(self, producer: AsyncIterator[tuple[str, dict]], grace_s: float,
-                 context: contextvars.Context | None = None):
-        self.items: list[tuple[str, dict]] = []
-        self._grace_s = grace_s
-        self._watchers = 0
-        self._reaper: asyncio.Task | None = None
-        self.error: BaseException | None = None
-        self.done = False
-        self._changed = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(producer), context=context)
 
-    async def _run(self, producer) -> None:
-        try:
-            async for item in producer:
-                self.items.append(item)
-                self._notify()
-        except BaseException as e:  # cancellation included: tails must not wait forever
-            self.error = e
-            if not isinstance(e, Exception):
-                raise
-        finally:
-            self.done = True
-            self._notify()
-
-    def _notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
-
+class ContextLog(TaskLog):
     async def tail(self, after: int = 0) -> AsyncIterator[tuple[str, dict]]:
         """The items after the first `after`, each with its position (1-based) as `pos`."""
         i = after
-        self._watchers += 1
-        try:
+        with self._watched():
             while True:
                 if i < len(self.items):
                     name, data = self.items[i]
@@ -63,18 +35,6 @@ class ContextLog:
                 await self._changed.wait()
             if self.error is not None:
                 raise self.error if isinstance(self.error, Exception) else ContextCancelled()
-        finally:
-            self._watchers -= 1
-            if self._watchers == 0 and not self.done:
-                self._reaper = asyncio.get_running_loop().create_task(self._reap())
-
-    async def _reap(self) -> None:
-        await asyncio.sleep(self._grace_s)
-        if self._watchers == 0 and not self.done:
-            self._task.cancel()
-
-    def cancel(self) -> None:
-        self._task.cancel()
 
 
 class ContextCancelled(RuntimeError):
