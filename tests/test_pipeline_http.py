@@ -114,7 +114,8 @@ def test_rag_inline_documents_streams_context_then_answer(base):
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = parse_sse(r.text)
     names = [n for n, _ in events]
-    assert names[:2] == ["context", "context"] and names[-1] == "final"
+    # first the session's own event (its id lets a client cut before the answer resume), then the context
+    assert names[:3] == ["session", "context", "context"] and names[-1] == "final"
     assert names.index("retrieval_done") < names.index("token")
     final = events[-1][1]
     assert [c["source_id"] for c in final["citations"]] == ["doc-0", "doc-1"]
