@@ -31,8 +31,8 @@ from scheduler.admission_slots import SlotGrants
 from scheduler.demand import DemandModel, desired_replicas
 from scheduler.projection_audit import FinalSizes
 from scheduler.queue_wait import QueueWait
-from scheduler.replica_index import (ClusterPressure, Placement, ReplicaIndex, ReplicaReport, ReplicaState,
-                                    blocks_for)
+from scheduler.pressure import ClusterPressure
+from scheduler.replica_index import Placement, ReplicaIndex, ReplicaReport, ReplicaState, blocks_for
 
 __all__ = ["AdmissionController", "AdmissionError", "ClusterPressure", "DemandModel", "Placement",
            "ReplicaReport", "UnknownSessionError", "blocks_for", "desired_replicas"]

@@ -22,8 +22,6 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from scheduler.pressure import ClusterPressure  # noqa: F401 (re-exported)
-
 # While a replica has this share of its capacity free, KV is not what limits it: new sessions go to
 # such replicas in turn (the least recently placed first), which spreads their prefills as evenly as
 # round-robin does; below it, the most room first (bench.cluster_sim: 64 replicas, 80% load).
