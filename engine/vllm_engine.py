@@ -285,7 +285,7 @@ class VLLMStreamingEngine(StreamingEngine):
             sessions_decoding=decoding,
             preemptions=self._snapshot.preemptions,
             extra={"engine_steps": self._snapshot.steps, "running": self._snapshot.num_running,
-                   "waiting": self._snapshot.num_waiting,
+                   "waiting": self._snapshot.num_waiting, "kv_usage_peak": self._snapshot.peak_usage,
                    # requests vLLM's front end still tracks: a leaked one holds KV and a slot
                    "requests_in_flight": self._llm.output_processor.get_num_unfinished_requests()},
         )

@@ -14,6 +14,7 @@ class KvSnapshot:
     num_waiting: int = 0
     preemptions: int = 0  # vLLM's own preemptions plus idle sessions evicted by our scheduler
     steps: int = 0
+    peak_usage: float = 0.0  # the fullest the KV cache has been since the engine started
 
 
 class SnapshotStatLogger(StatLoggerBase):
@@ -25,6 +26,7 @@ class SnapshotStatLogger(StatLoggerBase):
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
         if scheduler_stats is not None:
             self.snapshot.usage = scheduler_stats.kv_cache_usage
+            self.snapshot.peak_usage = max(self.snapshot.peak_usage, scheduler_stats.kv_cache_usage)
             self.snapshot.num_running = scheduler_stats.num_running_reqs
             self.snapshot.num_waiting = scheduler_stats.num_waiting_reqs
             self.snapshot.steps += 1

@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-exec "${STREAM2LLM_VENV:-.venv}/bin/python" -m pytest -m "not gpu" -p no:cacheprovider "$@"
+# --durations: the slowest tests are named in every run, so a CI log shows where its time goes.
+exec "${STREAM2LLM_VENV:-.venv}/bin/python" -m pytest -m "not gpu" -p no:cacheprovider --durations=25 "$@"

