@@ -5,7 +5,8 @@ sequences against `max_num_seqs`, requests waiting, and each open session's cont
 session is placed on a replica with room (`scheduler.replica_index`: in turn among those with room to
 spare, else the roomiest): the projected
 budget (blocks used now plus what every session there is still projected to grow by, a high
-percentile of what sessions of its source type reached: `scheduler.demand`) may exceed the real
+percentile of what sessions of its source type reached: `scheduler.demand`; a session whose
+question arrived, its size now) may exceed the real
 capacity by the `overcommit` factor, since the engine parks idle streams and evicts them under
 pressure (they are recomputed when they resume), while the blocks really used and the context
 accepted must fit the capacity, and a saturated engine takes nothing. Later chunks of a session
@@ -117,13 +118,16 @@ class AdmissionController(QueuedAdmissions, SlotGrants):
         self._index.begin(r)
         r.report = report
         self._largest = max(self._largest, report.kv_blocks_total * report.block_size)
+        complete = set(report.complete)
         for sid, tokens in report.sessions.items():
             p = self._placements.get(sid) or self._adopt(r, sid, now)
             if p is None or p.replica_id != rid:
                 continue  # placed elsewhere (a recovery moved it): its new replica wins
             r.take(p)
             p.current_blocks, p.seen_at, p.reported = blocks_for(tokens, report.block_size), now, True
-            if not p.sized:  # projected from its size now and what its type has learned since
+            if sid in complete:  # no percentile: its final size is known
+                p.reserved_blocks = p.current_blocks
+            elif not p.sized:  # projected from its size now and what its type has learned since
                 p.reserved_blocks = blocks_for(self.demand.expected_tokens(p.source_type, tokens),
                                                report.block_size)
             r.put(p)

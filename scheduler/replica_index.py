@@ -34,7 +34,9 @@ def blocks_for(tokens: int, block_size: int) -> int:
 
 @dataclass(frozen=True)
 class ReplicaReport:
-    """What a replica says about itself; `sessions` maps open session id -> context tokens."""
+    """What a replica says about itself; `sessions` maps open session id -> context tokens, and
+    `complete` names those whose context is complete (their question arrived): they grow no more
+    but by their answer."""
 
     replica_id: str
     kv_blocks_total: int
@@ -50,6 +52,7 @@ class ReplicaReport:
     max_num_seqs: int = 0             # the engine's sequence slots (0: not reported)
     running: int = 0                  # sequences the engine runs now
     waiting: int = 0                  # requests waiting in the engine's queue
+    complete: tuple[str, ...] = ()    # sessions whose question arrived: their size now is final
 
     @property
     def saturated(self) -> bool:

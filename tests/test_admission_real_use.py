@@ -123,3 +123,19 @@ def test_overcommit_below_one_is_refused_and_a_redeploy_changes_it_in_place():
     c.configure(overcommit=2.0, growth_percentile=0.5)
     assert c.try_admit("more", "client", now=5) == "a"
     assert c.demand.percentile == 0.5 and c.pressure(now=5).kv_blocks_budget == 2 * 3892
+
+
+def test_a_session_whose_question_arrived_is_projected_at_its_size_now():
+    # A session still streaming is projected at its type's prior (2,048 tokens: 64 blocks) until its
+    # type has learned; once its question arrives the replica flags it complete and the projection
+    # falls to what it holds, whatever the type has learned.
+    c = controller()
+    c.report(report(), now=0)
+    assert c.try_admit("s", "client", now=0) == "a"
+    c.report(report(used=10, sessions={"s": 300}), now=1)
+    assert c.projections("a") == {"s": 64}
+    before = c.projected_used("a")
+    c.report(ReplicaReport("a", BLOCKS, 10, BLOCK, sessions={"s": 300}, source_types={"s": "client"},
+                           max_num_seqs=64, complete=("s",)), now=2)
+    assert c.projections("a") == {"s": blocks_for(300, BLOCK)}
+    assert c.projected_used("a") == before - (64 - blocks_for(300, BLOCK))

@@ -28,12 +28,16 @@ class ReplicaUpkeep:
 
     async def _report(self) -> None:
         stats = await self._fresh_stats()
-        sessions = {}
+        sessions, complete = {}, []
         for sid in list(self._touched):
             try:
-                sessions[sid] = self._engine.session_stats(sid).context_tokens
+                session = self._engine.session_stats(sid)
             except SessionNotFoundError:
                 self._forget(sid)
+                continue
+            sessions[sid] = session.context_tokens
+            if session.finish_at is not None:
+                complete.append(sid)
         report = {
             "replica_id": self.replica_id, "kv_blocks_total": stats["kv_blocks_total"],
             "kv_blocks_used": stats["kv_blocks_used"], "block_size": stats["block_size"],
@@ -42,7 +46,7 @@ class ReplicaUpkeep:
             "source_types": {s: self._source.get(s, "") for s in sessions},
             "node_id": self.node_id, "preemptions": stats["preemptions"],
             "max_num_seqs": self._config.model.max_num_seqs, "running": int(stats["extra"].get("running", 0)),
-            "waiting": int(stats["extra"].get("waiting", 0)),
+            "waiting": int(stats["extra"].get("waiting", 0)), "complete": complete,
         }
         self._pressure = await self._scheduler.report.remote(report)
 

@@ -33,7 +33,7 @@ def replica_report(replica_id: str, engine, source_types: dict[str, str]) -> Rep
         sessions={rid: v.num_prompt_tokens for rid, v in views.items()},
         source_types={rid: source_types.get(rid, "") for rid in views},
         preemptions=sum(engine.stats.preemptions.values()), running=running,
-        waiting=len(views) - running)
+        waiting=len(views) - running, complete=tuple(rid for rid, v in views.items() if v.complete))
 
 
 class CentralRouter:
