@@ -148,11 +148,12 @@ def mixed_load(base: str, central, seconds: float) -> tuple[list[dict], list[flo
 
 def audit(central, snapshots: list[dict]) -> dict:
     """Each replica-snapshot's projection against the final sizes its sessions reached; with each
-    error, the second of the load it was taken at (`by_time`: is it the cold start, before a
-    source type has finished sessions to learn from?)."""
+    error, the second of the load it was taken at and the excess blocks per source type (`by_time`:
+    which sessions the error comes from, and whether at the cold start, before their source type
+    has finished sessions to learn from)."""
     ids = sorted({sid for snap in snapshots for r in snap["replicas"].values() for sid in r["sessions"]})
     finals = ray.get(central.final_sizes.remote(ids), timeout=60)
-    points = [(snap["t"], audit_point(r["sessions"], finals, r["kv_blocks_total"], r["block_size"]))
+    points = [(snap["t"], audit_point(r["sessions"], finals, r["kv_blocks_total"], r["block_size"], r["sources"]))
               for snap in snapshots for r in snap["replicas"].values()]
     compared = [(t, p) for t, p in points if p.sessions]
     return {"errors": [p.error for _, p in compared], "replica_snapshots": len(points),
@@ -161,7 +162,8 @@ def audit(central, snapshots: list[dict]) -> dict:
             "sessions_unresolved": sum(p.unresolved for _, p in compared),
             "projected_over_real": _rounded(sum(p.projected_blocks for _, p in compared)
                                             / max(1, sum(p.real_blocks for _, p in compared))),
-            "by_time": [[t, round(p.error, 4), p.projected_blocks, p.real_blocks] for t, p in compared]}
+            "by_time": [[t, round(p.error, 4), p.projected_blocks, p.real_blocks, p.excess_by_source]
+                        for t, p in compared]}
 
 
 def ramp(base: str) -> dict:

@@ -209,6 +209,11 @@ class AdmissionController(QueuedAdmissions, SlotGrants):
         r = self._index.replicas[replica_id]
         return {sid: max(p.reserved_blocks, p.current_blocks) for sid, p in r.placements.items() if not p.slot}
 
+    def source_types(self, replica_id: str) -> dict[str, str]:
+        """Each session's source type on the replica (O(its sessions): audits, not a hot path)."""
+        r = self._index.replicas[replica_id]
+        return {sid: p.source_type for sid, p in r.placements.items() if not p.slot}
+
     def headroom(self, replica_id: str) -> int:
         return self._index.room(self._index.replicas[replica_id])
 

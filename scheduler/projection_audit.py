@@ -12,7 +12,7 @@ open) are left out of both sides and counted.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class FinalSizes:
@@ -40,6 +40,7 @@ class AuditPoint:
     capacity_blocks: int
     sessions: int           # compared
     unresolved: int         # left out: no final size known
+    excess_by_source: dict[str, int] = field(default_factory=dict)  # projected - real blocks, per source type
 
     @property
     def error(self) -> float:
@@ -47,10 +48,15 @@ class AuditPoint:
 
 
 def audit_point(projections: dict[str, int], finals: dict[str, int], capacity_blocks: int,
-                block_size: int) -> AuditPoint:
+                block_size: int, sources: dict[str, str] | None = None) -> AuditPoint:
     """`projections`: session -> projected final blocks at the snapshot; `finals`: session -> the
-    context tokens it ended with (`FinalSizes.get`)."""
+    context tokens it ended with (`FinalSizes.get`); `sources`: session -> source type, to say which
+    sessions the error comes from."""
     known = [sid for sid in projections if sid in finals]
-    real = sum(-(-finals[sid] // block_size) for sid in known)
-    return AuditPoint(sum(projections[sid] for sid in known), real, capacity_blocks, len(known),
-                      len(projections) - len(known))
+    real = {sid: -(-finals[sid] // block_size) for sid in known}
+    excess: dict[str, int] = {}
+    for sid in known:
+        source = (sources or {}).get(sid, "")
+        excess[source] = excess.get(source, 0) + projections[sid] - real[sid]
+    return AuditPoint(sum(projections[sid] for sid in known), sum(real.values()), capacity_blocks, len(known),
+                      len(projections) - len(known), excess)

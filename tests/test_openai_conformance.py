@@ -171,3 +171,23 @@ def test_dashboard_metrics_exist_in_metrics(base, client):
         missing = names - served
         assert not missing, (panel["title"], missing)
     assert Path(DASHBOARD.parent / "prometheus.yml").read_text().count("/metrics") >= 1
+
+
+def test_refused_admission_is_a_429_with_retry_after(client, base):
+    """No replica has room: the official client raises RateLimitError, with a Retry-After header its
+    own retries honour. Last in the module: it fills the replica's projected budget, then frees it."""
+    opened = []
+    try:
+        while len(opened) < 64:  # each client session reserves its type's 2,048-token prior
+            r = httpx.post(f"{base}/v1/streams", json={"source_type": "client"}, timeout=60)
+            if r.status_code != 201:
+                break
+            opened.append(r.json()["session_id"])
+        assert r.status_code == 429 and opened, r.text
+        with pytest.raises(openai.RateLimitError) as e:  # as large as that prior: it cannot fit either
+            client.completions.create(model=MODEL, prompt=[504] * 8, max_tokens=MAX_MODEL_LEN - 8)
+        assert e.value.code == "rate_limit_exceeded"
+        assert int(e.value.response.headers["retry-after"]) >= 1
+    finally:
+        for sid in opened:
+            httpx.delete(f"{base}/v1/streams/{sid}", timeout=30)

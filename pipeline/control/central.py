@@ -242,7 +242,8 @@ class CentralScheduler:
         live = self._ctl.live_replicas(time.monotonic())
         reports = self._ctl.reports()
         return {rid: {"kv_blocks_total": reports[rid].kv_blocks_total, "block_size": reports[rid].block_size,
-                      "sessions": self._ctl.projections(rid)} for rid in live}
+                      "sessions": self._ctl.projections(rid), "sources": self._ctl.source_types(rid)}
+                for rid in live}
 
     def final_sizes(self, session_ids: list[str]) -> dict[str, int]:
         """The context tokens those of `session_ids` that ended recently ended with."""
