@@ -74,6 +74,10 @@ class RetrieverSettings(_Section):
         "once when another event comes, such as the end of retrieval): a progressive search refines "
         "its result tens of ms apart, and each refinement prefilled is work the next makes useless. "
         "0: prefill every replacement as it comes."))
+    warm_pools: bool = Field(True, description=(
+        "Start the crawler and vector actor pools (and the local site) when an ingress replica starts, "
+        "so the first request of each source does not wait for its actor to start and load its model "
+        "and index (~20 s for the vector actor on 2 CPU cores). Off: each pool starts at its first request."))
     pool_size: int = Field(1, ge=1, description=(
         "Retriever actors per kind (crawler, replay, vector per top-k), shared by every ingress replica; "
         "each call the ingress hands out goes to the next of them in turn."))

@@ -23,6 +23,8 @@ def tiny_config(**sections) -> dict:
         # no overcommit: the admission tests fill a replica by projected sizes alone ('big' sessions)
         "scheduler": {"demand_priors": {"client": 256, "big": 20000, "huge": 10 ** 7},
                       "stale_after_s": 3.0, "overcommit": 1.0},
+        # a pool starts at its first request: modules that retrieve nothing start no retriever actors
+        "retrievers": {"warm_pools": False},
     }
     for name, values in sections.items():
         base.setdefault(name, {}).update(values)

@@ -27,6 +27,7 @@ DASHBOARD = Path(REPO) / "deploy" / "grafana" / "stream2llm.json"
 CONFIG = {
     "model": {"model": "smollm2", "max_model_len": MAX_MODEL_LEN, "kv_cache_memory_bytes": 256 << 20},
     "replicas": {"min_replicas": 1, "max_replicas": 1, "num_cpus": 1.0, "report_interval_s": 0.5},
+    "retrievers": {"warm_pools": False},  # the OpenAI routes only: no retriever actors
 }
 
 

@@ -40,6 +40,7 @@ CONFIG = {
     "limits": {"max_queue": 4, "admission_timeout_s": 360.0, "session_ttl_s": 420.0,
                "max_context_tokens": 1900},
     "scheduler": {"demand_priors": {"client": 1536}, "stale_after_s": 3.0, "overcommit": 1.0},
+    "retrievers": {"warm_pools": False},  # client streams only: no retriever actors
 }
 
 

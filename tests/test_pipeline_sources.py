@@ -8,7 +8,7 @@ end-to-end RAG answer: a grounded geography question answered from retrieved Wik
 import httpx
 import pytest
 
-from pipeline_fixtures import parse_sse, serve_app
+from pipeline_fixtures import parse_sse, serve_app, wait_until
 from stream2llm.data.corpus import load_grounded_questions
 from retrievers.events import ReplaceContext, collect
 from stream2llm.data.traces import synthetic_crawler_traces, write_crawler_csv
@@ -57,7 +57,30 @@ def setup(tmp_path_factory):
         "limits": {"max_context_tokens": 3000},
     }
     with serve_app(config) as base:
-        yield {"base": base, "question": question, "trace": trace}
+        yield {"base": base, "question": question, "trace": trace, "warmed": _pools_up_before_any_request()}
+
+
+def _pools_up_before_any_request() -> set[str]:
+    """The retriever pools whose actors are up, once both exist (`retrievers.warm_pools`, the default)."""
+    import ray
+
+    from pipeline.control.central import NAMESPACE
+
+    def named():
+        found = {kind: n["name"] for n in ray.util.list_named_actors(all_namespaces=True)
+                 for kind in ("crawler", f"vector{TOP_K}") if f"_retriever_{kind}_" in n["name"]}
+        return found if len(found) == 2 else None
+
+    found = wait_until(named, timeout=240)
+    ray.get([ray.get_actor(name, namespace=NAMESPACE).__ray_ready__.remote() for name in found.values()],
+            timeout=240)
+    return set(found)
+
+
+def test_retriever_pools_start_with_the_app(setup):
+    """The crawler and vector actors were started and up before any request asked for them: the
+    first request of a source does not wait for its actor to load its model and index."""
+    assert setup["warmed"] == {"crawler", f"vector{TOP_K}"}
 
 
 def rag(base, question, source, max_tokens=8):

@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import itertools
 import json
+import logging
 from pathlib import Path
 
 import ray
@@ -33,6 +34,7 @@ from pipeline.replica.context import RetrieverCall, pull
 # session's retrieval with a source_error (the answer uses the context so far), and the next
 # session gets the restarted actor.
 RESTART = {"max_restarts": -1, "max_task_retries": 0}
+log = logging.getLogger("stream2llm.retrievers")
 
 
 @ray.remote(num_cpus=0)
@@ -58,6 +60,21 @@ class RetrieverActors:
         self._turn = itertools.count()
         self._site: dict | None = None
         self._lock = asyncio.Lock()
+
+    async def warm(self) -> list[str]:
+        """Start the crawler and vector pools before their first request and wait until their actors
+        are up; returns the kinds started. A pool that cannot start yet (no vector index built) is
+        left to its first request, which gets the clear error."""
+        started = []
+        for kind, start in (("crawler", self._crawler), ("vector", lambda: self._vector(self._settings.vector_top_k))):
+            try:
+                await (await start()).__ray_ready__.remote()
+                started.append(kind)
+            except SourceUnavailable as e:
+                log.info("retriever pool %s not started ahead: %s", kind, e.reason)
+            except Exception as e:  # its first request starts it again and reports what fails
+                log.warning("retriever pool %s failed to start ahead: %r", kind, e)
+        return started
 
     def stream(self, source, question: str):
         """The source's events, consumed here (the one-shot baseline)."""
