@@ -35,7 +35,7 @@ from bench.http_replay import poll_cluster
 from bench.results_meta import engine_dtype, start_run, write_results
 from bench.reliability_drills import collect_memory, drain, kill_an_ingress, kill_busiest_replica
 from bench.reliability_faults import (ENGINE_RESOURCE, INGRESS_RESOURCE, kill_shard, remove_node, restart_central,
-                                      two_node_cluster)
+                                      engine_node_cluster)
 from bench.reliability_sessions import send_session
 from bench.reliability_plan import Planned, plan_sessions
 from bench.reliability_summary import summarize
@@ -67,7 +67,7 @@ class LoadSpec:
     kill_replica_at_s: float = 0.0     # the replica kill waits until then (and for a second replica)
     restart_central_at_s: float | None = None  # None: no central-actor restart
     kill_shard_at_s: float | None = None       # None: no shard kill
-    remove_node_at_s: float | None = None      # None: one node (local Ray); else a two-node cluster
+    remove_node_at_s: float | None = None      # None: one node (local Ray); else a head and 2 engine nodes
     replace_node_after_s: float = 5.0  # a fresh node joins this long after the removal
     streams_share: float = 0.0         # fraction of sessions sent through /v1/streams (client-side chunks)
     kv_cache_bytes: int = 2 << 20
@@ -75,7 +75,7 @@ class LoadSpec:
 
 
 def scale_spec(**overrides) -> LoadSpec:
-    """`--scale`: 200 sessions over 150 s on two nodes, two engine replicas (one per node), and the
+    """`--scale`: 200 sessions over 150 s on a head and two engine nodes (one engine replica each), and the
     five faults 20+ s apart: replica kill, ingress kill, central restart, shard kill, node removal."""
     return LoadSpec(**{**dict(sessions=200, duration_s=150.0, min_replicas=2, max_replicas=2, trace_multiplier=3.0,
                               kill_replica_at_s=20.0, kill_deadline_s=20.0, kill_ingress_at_s=45.0,
@@ -106,7 +106,7 @@ def app_config(spec: LoadSpec, trace_dir: Path):
 
 
 def _placement(spec: LoadSpec) -> dict:
-    """Half a CPU per replica on one node; one replica per node (by resource) on two."""
+    """Half a CPU per replica on one node; one replica per engine node (by resource) on a cluster."""
     if spec.remove_node_at_s is None:
         return {"num_cpus": 0.5}
     return {"num_cpus": 0.0, "resources": {ENGINE_RESOURCE: 1}}
@@ -179,7 +179,7 @@ def run(spec: LoadSpec, trace_dir: Path) -> dict:
     config = app_config(spec, trace_dir)
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
-        cluster = stack.enter_context(two_node_cluster()) if spec.remove_node_at_s is not None else None
+        cluster = stack.enter_context(engine_node_cluster()) if spec.remove_node_at_s is not None else None
         base = stack.enter_context(local_app(config, ready_replicas=spec.min_replicas,
                                              address=cluster.address if cluster else None))
         ready = time.monotonic()

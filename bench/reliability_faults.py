@@ -1,11 +1,12 @@
 """The control-plane and node faults of `bench.reliability`, each fired at a set moment of the load.
 
-- `two_node_cluster`: a `ray.cluster_utils.Cluster` on this machine, a head node (control plane,
-  ingress replicas, one engine replica) and a worker node (the other engine replica), each engine
-  replica asking for one `ENGINE_RESOURCE` so there is one per node;
-- `remove_node`: the worker node goes (its raylet and every process on it: the engine replica and
-  the sessions it held), and a fresh node joins `replace_after_s` later, where Serve starts the
-  missing replica (a node replaced by the cluster's launcher);
+- `engine_node_cluster`: a `ray.cluster_utils.Cluster` on this machine, a head node (control plane,
+  ingress replicas, no engine) and two worker nodes, each engine replica asking for one
+  `ENGINE_RESOURCE` so there is one per worker node;
+- `remove_node`: the worker node whose engine replica holds the most sessions goes (its raylet and
+  every process on it: the engine replica and the sessions it held), and a fresh node joins
+  `replace_after_s` later, where Serve starts the missing replica (a node replaced by the cluster's
+  launcher);
 - `restart_central`: the central scheduler actor is killed and Ray restarts it; it rebuilds
   placements from the replicas' next reports;
 - `kill_shard`: one session-record shard is killed and Ray restarts it; it reloads its journal.
@@ -26,19 +27,21 @@ import httpx
 
 from pipeline.control.central import NAMESPACE
 
-ENGINE_RESOURCE = "reliability_engine_node"   # one per node: one engine replica per node
+ENGINE_RESOURCE = "reliability_engine_node"   # one per worker node: one engine replica per node
 INGRESS_RESOURCE = "reliability_ingress_node"  # on the head only: the ingress replicas stay there
 HEAD_CPUS = 2
 
 
 @contextlib.contextmanager
-def two_node_cluster():
-    """The head (control plane, ingress, one engine replica) and one worker node; torn down after."""
+def engine_node_cluster(engine_nodes: int = 2):
+    """The head (control plane, ingress) and `engine_nodes` worker nodes, one engine replica each;
+    torn down after."""
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": HEAD_CPUS, "include_dashboard": False, "resources": {ENGINE_RESOURCE: 1, INGRESS_RESOURCE: 1}})
-    cluster.add_node(num_cpus=1, resources={ENGINE_RESOURCE: 1})
+        "num_cpus": HEAD_CPUS, "include_dashboard": False, "resources": {INGRESS_RESOURCE: 1}})
+    for _ in range(engine_nodes):
+        cluster.add_node(num_cpus=1, resources={ENGINE_RESOURCE: 1})
     try:
         yield cluster
     finally:
@@ -57,13 +60,18 @@ async def _replica_sessions(http: httpx.AsyncClient, base: str) -> dict:
 
 async def remove_node(http: httpx.AsyncClient, base: str, cluster, t0: float, at_s: float,
                       replace_after_s: float, record: dict) -> dict:
-    """Remove the worker node (with its engine replica) at `at_s`; add a fresh one after a while."""
+    """At `at_s`, remove the worker node whose engine replicas hold the most sessions; add a fresh
+    one after a while."""
     await _until(t0, at_s)
     head = cluster.head_node.node_id
-    victim = next((n for n in cluster.worker_nodes if n.node_id != head), None)
-    if victim is None:
+    workers = [n for n in cluster.worker_nodes if n.node_id != head]
+    if not workers:
         return {"fault": "node_removal", "fired": False, "reason": "no worker node"}
     replicas = await _replica_sessions(http, base)
+    held = Counter()
+    for r in replicas.values():
+        held[r.get("node_id")] += len(r["sessions"])
+    victim = max(workers, key=lambda n: held.get(n.node_id, 0))
     on_node = {rid: r["sessions"] for rid, r in replicas.items() if r.get("node_id") == victim.node_id}
     await asyncio.to_thread(cluster.remove_node, victim)
     record.update(fault="node_removal", fired=True, at_s=round(time.monotonic() - t0, 2), node_id=victim.node_id,
