@@ -54,3 +54,25 @@ def test_a_pool_of_shared_retrievers_beside_the_site_and_replaced_on_new_setting
     assert len(now) == 1 and not now & crawlers  # the old settings' actors are gone, not reused
     for name in named("pooltest_retriever_"):
         ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+
+
+def test_ingress_replicas_warming_at_once_share_one_started_site_and_pool(local_ray):
+    """Every ingress replica warms its pools as it starts, so two ask the site at the same moment:
+    both get its address (a caller that came while it started once got no port), and the same
+    crawler actors, which then fetch from it."""
+    config = AppConfig.model_validate({"scheduler": {"actor_name": "warmtest"}, "retrievers": {"crawler_max_pages": 2}})
+
+    async def scenario():
+        ingresses = [RetrieverActors(config) for _ in range(3)]
+        warmed = await asyncio.gather(*(i.warm() for i in ingresses))
+        sites = [i._site for i in ingresses]
+        call = await ingresses[1].call(Source(type="search", query="France"), "France")
+        return warmed, sites, [e async for e in pull(call)]
+
+    warmed, sites, events = asyncio.run(scenario())
+    assert all("crawler" in kinds for kinds in warmed), warmed
+    assert all(s["base_url"] == sites[0]["base_url"] and not s["base_url"].endswith(":None") for s in sites), sites
+    assert len(named("warmtest_retriever_crawler_")) == 1
+    assert any(isinstance(e, AppendChunk) for e in events) and isinstance(events[-1], Done), events
+    for name in named("warmtest_retriever_"):
+        ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)

@@ -42,14 +42,18 @@ class LocalSiteActor:
     """Serves the offline corpus site in this actor's event loop."""
 
     async def start(self, latency_scale: float) -> dict:
-        from retrievers.local_site import LocalSite, SiteConfig
-
-        if not hasattr(self, "_site"):
-            self._site = LocalSite(SiteConfig(latency_scale=latency_scale))
-            await self._site.__aenter__()
-        s = self._site
+        """The site's addresses; started by the first call. Calls that come while it starts (every
+        ingress replica warms its pools at once) wait for that start: before it, the port is unknown."""
+        if not hasattr(self, "_opening"):
+            self._opening = asyncio.ensure_future(self._open(latency_scale))
+        s = await asyncio.shield(self._opening)
         return {"base_url": s.base_url, "search_url": s.search_url, "allowlist": s.allowlist_entry,
                 "node_id": ray.get_runtime_context().get_node_id()}
+
+    async def _open(self, latency_scale: float):
+        from retrievers.local_site import LocalSite, SiteConfig
+
+        return await LocalSite(SiteConfig(latency_scale=latency_scale)).__aenter__()
 
 
 class RetrieverActors:
