@@ -3,7 +3,8 @@ bench/results/cluster_launch.json.
 
 Ray's autoscaler (`fake_multinode` provider, bench/fake_cluster.py) runs cluster.yaml's node types on
 this machine, GPUs counted as CPUs: the head (no CPU: Serve's controller, the HTTP proxy, the ingress,
-the central scheduler) and `gpu_worker` nodes of 1 CPU, min_workers of them at start. The app is
+the central scheduler), `gpu_worker` nodes of 1 CPU and `cpu_worker` nodes (the ingress nodes there; no
+CPU here, so no replica goes to them), min_workers of each at start. The app is
 deployed from a Serve config file with `serve deploy` (the tiny model), as cluster.yaml's head does
 with deploy/serve.yaml. Client sessions then arrive faster than one engine replica's KV holds them:
 Serve's autoscaling policy asks for a second replica, which fits on no running node, so Ray's

@@ -126,9 +126,16 @@ def test_head_deploys_the_serve_config_file_and_it_builds():
     (app,) = schema.applications
     assert app.import_path == "pipeline.app:app_builder"
     config = AppConfig.model_validate({**AppConfig().model_dump(), **app.args})  # what app_builder does
-    gpu = CLUSTER["available_node_types"]["gpu_worker"]
-    assert config.replicas.use_gpu and config.replicas.max_replicas == gpu["max_workers"] == CLUSTER["max_workers"]
+    types = CLUSTER["available_node_types"]
+    gpu = types["gpu_worker"]
+    assert config.replicas.use_gpu and config.replicas.max_replicas == gpu["max_workers"]
+    assert CLUSTER["max_workers"] == sum(t["max_workers"] for t in types.values())  # every type can reach its max
     assert config.model.platform == "cuda" and gpu["resources"]["GPU"] >= 1
+    # the ingress replicas ask for a resource only the CPU worker type has, and a CPU each: they fill
+    # those nodes, whose number the autoscaler raises as Serve adds ingress replicas
+    (cpu_type,) = [n for n, t in types.items() if set(config.ingress.resources) <= set(t.get("resources", {}))]
+    assert cpu_type != CLUSTER["head_node_type"] and "GPU" not in types[cpu_type]["resources"]
+    assert config.replicas.ingress_num_cpus >= 1 and types[cpu_type]["min_workers"] >= 1
     app_builder(dict(app.args))  # builds the Serve application (no Ray needed)
     with pytest.raises(Exception, match="not_a_field"):
         app_builder({**app.args, "not_a_field": 1})
