@@ -64,8 +64,9 @@ def fake_cluster_config(cluster: dict, *, max_workers_cap: int = 2, idle_timeout
         top = min(spec.get("max_workers", cluster["max_workers"]), max_workers_cap)
         types[name] = {"resources": resources, "node_config": {}, "max_workers": top,
                        "min_workers": min(spec.get("min_workers", 0), top)}
+    # the cap is per node type: a global one as low would leave no room above the min_workers of some
     return {**_EMPTY, "cluster_name": f"{cluster['cluster_name']}-fake", "provider": dict(PROVIDER),
-            "max_workers": min(cluster["max_workers"], max_workers_cap),
+            "max_workers": min(cluster["max_workers"], sum(t["max_workers"] for t in types.values())),
             "upscaling_speed": cluster.get("upscaling_speed", 1.0),
             "idle_timeout_minutes": idle_timeout_minutes, "available_node_types": types,
             "head_node_type": FAKE_HEAD_TYPE}
