@@ -52,6 +52,7 @@ APP_ARGS = {  # an AppConfig: the load of tests/test_pipeline_autoscale.py, one 
     # the ingress is placeable on any node; here it stays on the fake head (the control node), which
     # no scale-down removes, so the drill's client connections survive the node it removes
     "ingress": {"resources": {CONTROL_RESOURCE: 0.001}},
+    "retrievers": {"warm_pools": False},  # client streams only: no retriever actors
 }
 
 
