@@ -136,6 +136,8 @@ def test_head_deploys_the_serve_config_file_and_it_builds():
     (cpu_type,) = [n for n, t in types.items() if set(config.ingress.resources) <= set(t.get("resources", {}))]
     assert cpu_type != CLUSTER["head_node_type"] and "GPU" not in types[cpu_type]["resources"]
     assert config.replicas.ingress_num_cpus >= 1 and types[cpu_type]["min_workers"] >= 1
+    # the retriever pool (detached actors: their node never goes idle) stays off the GPU workers
+    assert config.retrievers.resources and set(config.retrievers.resources) <= set(types[cpu_type]["resources"])
     app_builder(dict(app.args))  # builds the Serve application (no Ray needed)
     with pytest.raises(Exception, match="not_a_field"):
         app_builder({**app.args, "not_a_field": 1})

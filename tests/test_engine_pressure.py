@@ -58,9 +58,15 @@ async def test_concurrent_streams_larger_than_cache_all_complete(policy):
                                                         sampling=GREEDY, cache_salt=uuid.uuid4().hex))
             assert output == expected
         stats = await engine.stats()
-        # The pressure was real: the cache filled. Whether the policy then evicted or held new chunks
-        # back until a session finished depends on timing, so evictions are not asserted here.
-        assert stats.extra["kv_usage_peak"] >= 0.9, stats
+        # The pressure was real: at the cache's fullest, fewer blocks were free than the largest
+        # session's whole sequence needs (vLLM admits a request only when its whole sequence fits).
+        # Whether the policy then evicted or held new chunks back until a session finished depends
+        # on timing, so evictions are not asserted here.
+        usable = stats.kv_blocks_total - 1  # vLLM's usage leaves out its null block
+        free_at_peak = round((1 - stats.extra["kv_usage_peak"]) * usable)
+        largest = max(-(-(sum(map(len, chunks)) + len(question) + GREEDY.max_tokens) // stats.block_size)
+                      for chunks in sessions)
+        assert free_at_peak < largest, (free_at_peak, largest, stats)
         if stats.preemptions:  # what an eviction threw away, sessions report as recomputed
             assert sum(recomputed for _, recomputed in streamed) > 0
         assert await wait_for_kv_blocks(engine, 0) == 0

@@ -154,7 +154,9 @@ class RetrieverActors:
         if self._settings.crawler_site != "local":
             return None
         if self._site is None:
-            [actor] = self._pool("site", LocalSiteActor, (), {"num_cpus": 0, **RESTART}, size=1)
+            # where the pool goes (`retrievers.resources`): its crawlers must run on the site's node
+            [actor] = self._pool("site", LocalSiteActor, (), {"num_cpus": 0, "resources": dict(self._settings.resources),
+                                                              **RESTART}, size=1)
             self._site = await actor.start.remote(self._settings.site_latency_scale)
         return self._site
 
