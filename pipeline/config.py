@@ -77,7 +77,7 @@ class RetrieverSettings(_Section):
     warm_pools: bool = Field(True, description=(
         "Start the crawler and vector actor pools (and the local site) when an ingress replica starts, "
         "so the first request of each source does not wait for its actor to start and load its model "
-        "and index (~20 s for the vector actor on 2 CPU cores). Off: each pool starts at its first request."))
+        "and index. Off: each pool starts at its first request."))
     pool_size: int = Field(1, ge=1, description=(
         "Retriever actors per kind (crawler, replay, vector per top-k), shared by every ingress replica; "
         "each call the ingress hands out goes to the next of them in turn."))

@@ -206,13 +206,14 @@ class AdmissionController(QueuedAdmissions, SlotGrants):
     def projections(self, replica_id: str) -> dict[str, int]:
         """Each session's projected final blocks on the replica (O(its sessions): audits, not a hot
         path); untaken admission slots are no sessions."""
-        r = self._index.replicas[replica_id]
-        return {sid: max(p.reserved_blocks, p.current_blocks) for sid, p in r.placements.items() if not p.slot}
+        return {p.session_id: max(p.reserved_blocks, p.current_blocks) for p in self._sessions_on(replica_id)}
 
     def source_types(self, replica_id: str) -> dict[str, str]:
         """Each session's source type on the replica (O(its sessions): audits, not a hot path)."""
-        r = self._index.replicas[replica_id]
-        return {sid: p.source_type for sid, p in r.placements.items() if not p.slot}
+        return {p.session_id: p.source_type for p in self._sessions_on(replica_id)}
+
+    def _sessions_on(self, replica_id: str):
+        return (p for p in self._index.replicas[replica_id].placements.values() if not p.slot)
 
     def headroom(self, replica_id: str) -> int:
         return self._index.room(self._index.replicas[replica_id])

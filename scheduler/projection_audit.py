@@ -11,7 +11,7 @@ open) are left out of both sides and counted.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 
@@ -54,9 +54,8 @@ def audit_point(projections: dict[str, int], finals: dict[str, int], capacity_bl
     sessions the error comes from."""
     known = [sid for sid in projections if sid in finals]
     real = {sid: -(-finals[sid] // block_size) for sid in known}
-    excess: dict[str, int] = {}
+    excess: Counter[str] = Counter()
     for sid in known:
-        source = (sources or {}).get(sid, "")
-        excess[source] = excess.get(source, 0) + projections[sid] - real[sid]
+        excess[(sources or {}).get(sid, "")] += projections[sid] - real[sid]
     return AuditPoint(sum(projections[sid] for sid in known), sum(real.values()), capacity_blocks, len(known),
-                      len(projections) - len(known), excess)
+                      len(projections) - len(known), dict(excess))

@@ -70,7 +70,7 @@ class Ingress:
                                    max_model_len=self.config.model.max_model_len, sessions=self.sessions)
         self.metrics = PipelineMetrics()
         self.actors = RetrieverActors(self.config)
-        if self.config.retrievers.warm_pools:
+        if self.config.retrievers.warm_pools:  # kept: the event loop holds its tasks weakly
             self._warming = asyncio.get_running_loop().create_task(self.actors.warm())
         LimitsMiddleware.configure(self.config.limits.max_request_bytes, self.config.auth.bearer_tokens,
                                    self.ingress_id)

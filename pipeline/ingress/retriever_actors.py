@@ -155,8 +155,7 @@ class RetrieverActors:
             return None
         if self._site is None:
             # where the pool goes (`retrievers.resources`): its crawlers must run on the site's node
-            [actor] = self._pool("site", LocalSiteActor, (), {"num_cpus": 0, "resources": dict(self._settings.resources),
-                                                              **RESTART}, size=1)
+            [actor] = self._pool("site", LocalSiteActor, (), {**self._actor_options(), "num_cpus": 0}, size=1)
             self._site = await actor.start.remote(self._settings.site_latency_scale)
         return self._site
 
