@@ -42,6 +42,13 @@ SESSIONS = 12
 ARRIVAL_GAP_S = 0.3
 HOLD_AFTER_SCALE_S = 4.0
 MAX_WAIT_S = 360.0   # a replica start on a new node of a loaded 2-core machine
+
+
+def serve_yaml_retrievers(path: Path = ROOT / "deploy" / "serve.yaml") -> dict:
+    """The retriever settings of the production Serve config (the one source of their placement)."""
+    return yaml.safe_load(path.read_text())["applications"][0]["args"]["retrievers"]
+
+
 APP_ARGS = {  # an AppConfig: the load of tests/test_pipeline_autoscale.py, one CPU per replica
     "model": {"model": "tiny", "dtype": "bfloat16", "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 20},
     "replicas": {"min_replicas": 1, "max_replicas": 2, "num_cpus": 1.0, "report_interval_s": 0.5,
@@ -52,16 +59,25 @@ APP_ARGS = {  # an AppConfig: the load of tests/test_pipeline_autoscale.py, one 
     # the ingress is placeable on any node; here it stays on the fake head (the control node), which
     # no scale-down removes, so the drill's client connections survive the node it removes
     "ingress": {"resources": {CONTROL_RESOURCE: 0.001}},
-    "retrievers": {"warm_pools": False},  # client streams only: no retriever actors
+    # the retriever pools start with the ingress (the default) and go where deploy/serve.yaml puts
+    # them, on the CPU workers (no CPU here: the fake cpu_worker has none); `--pools-anywhere` leaves
+    # them to Ray's default placement instead, to show what that does to the scale-down
+    "retrievers": {"warm_pools": True, "resources": serve_yaml_retrievers()["resources"]},
 }
 
 
-def serve_config(port: int) -> dict:
+def app_args(pools_anywhere: bool = False) -> dict:
+    if not pools_anywhere:
+        return APP_ARGS
+    return {**APP_ARGS, "retrievers": {"warm_pools": True}}
+
+
+def serve_config(port: int, args: dict) -> dict:
     """The Serve config file deployed: deploy/serve.yaml's shape, this machine's settings."""
     return {"proxy_location": "HeadOnly",  # one HTTP port per machine: every fake node shares it
             "http_options": {"host": "127.0.0.1", "port": port},
             "applications": [{"name": "stream2llm", "route_prefix": "/", "import_path": "pipeline.app:app_builder",
-                              "args": APP_ARGS}]}
+                              "args": args}]}
 
 
 def context(session: int) -> str:
@@ -101,6 +117,18 @@ class Observer(threading.Thread):
 
     def new_nodes(self) -> set[str]:
         return self.workers_seen - self.workers_at_start
+
+
+def actors_by_node() -> dict[str, list[str]]:
+    """The alive actors on each worker node (class names): what keeps a node from going idle."""
+    from ray.util.state import list_actors
+
+    workers = worker_nodes()
+    out: dict[str, list[str]] = {node: [] for node in workers}
+    for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=10_000):
+        if actor.node_id in workers:
+            out[actor.node_id].append(actor.class_name)
+    return {node: sorted(names) for node, names in out.items()}
 
 
 def worker_nodes() -> set[str]:
@@ -179,6 +207,7 @@ def drive(base: str, min_workers: int) -> dict:
         t.join(timeout=MAX_WAIT_S)
     nodes_down = wait_for(lambda: len(worker_nodes()) == min_workers, 240)
     time.sleep(2.0)
+    actors_after = actors_by_node()
     obs.stop.set()
     obs.join()
     new = obs.new_nodes()
@@ -197,6 +226,8 @@ def drive(base: str, min_workers: int) -> dict:
         "moves": view["moves"],
         "scaled_back_replicas": replicas_down, "scaled_back_nodes": nodes_down,
         "worker_nodes_after": len(worker_nodes()), "running_replicas_after": running_replicas(),
+        "actors_on_worker_nodes_after": {("new " if node in new else "") + node[:8]: names
+                                         for node, names in actors_after.items()},
         "sessions_after": pressure["sessions"], "queued_after": pressure["queued"],
         "load_end_s": round(load_end, 1), "failures": [r for r in results if r and r[0] not in ("answered", "rejected")],
         "timeline": obs.timeline,
@@ -210,7 +241,7 @@ def targets_met(report: dict, min_workers: int) -> bool:
             and report["sessions_after"] == 0)
 
 
-def run(out: Path) -> dict:
+def run(out: Path, pools_anywhere: bool = False) -> dict:
     """Launch, deploy, load, scale back; write the results file; return the report."""
     import ray
 
@@ -221,7 +252,7 @@ def run(out: Path) -> dict:
     t0 = time.monotonic()
     with fake_cluster(config) as cluster:
         serve_file = cluster.log.parent / "serve.yaml"
-        serve_file.write_text(yaml.safe_dump(serve_config(port)))
+        serve_file.write_text(yaml.safe_dump(serve_config(port, app_args(pools_anywhere))))
         subprocess.run([str(Path(sys.executable).parent / "serve"), "deploy", str(serve_file),
                         "--address", cluster.dashboard], check=True, timeout=120)
         ray.init(address=cluster.address, log_to_driver=False)
@@ -233,7 +264,7 @@ def run(out: Path) -> dict:
         finally:
             ray.shutdown()
     report = {"autoscaler_config": {k: config[k] for k in ("available_node_types", "max_workers", "idle_timeout_minutes")},
-              "app_args": APP_ARGS, "targets_met": targets_met(report, min_workers), **report,
+              "app_args": app_args(pools_anywhere), "targets_met": targets_met(report, min_workers), **report,
               "total_s": round(time.monotonic() - t0, 1)}
     write_results(out, report, meta)
     return report
@@ -242,7 +273,10 @@ def run(out: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=OUT)
-    report = run(parser.parse_args(argv).out)
+    parser.add_argument("--pools-anywhere", action="store_true",
+                        help="retriever pools without serve.yaml's resources (Ray places them)")
+    args = parser.parse_args(argv)
+    report = run(args.out, args.pools_anywhere)
     print({k: v for k, v in report.items() if k not in ("timeline", "autoscaler_config", "app_args")})
     return 0 if report["targets_met"] else 1
 

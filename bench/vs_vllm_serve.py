@@ -3,6 +3,8 @@
     python -m bench.vs_vllm_serve                       # SmolLM2, rates 0.5 and 1 req/s, 24 prompts each
     python -m bench.vs_vllm_serve --num-prompts 8 --rates 1 2 --out /tmp/quick.json
 
+Our one engine replica reserves the machine's CPUs, as `vllm serve` takes them all: it then runs vLLM's
+"mp" executor and thread set-up as `vllm serve` does (`pipeline.placement.cpu_engine_env`).
 Order A-B-A in one run (vLLM, ours, vLLM again) so drift shows; in each phase both routes
 (`/v1/chat/completions` with `--backend openai-chat`, `/v1/completions` with `--backend openai`) at
 every rate, random dataset (fixed seed), `--ignore-eos` so both servers generate the same tokens.
@@ -39,7 +41,7 @@ METRICS = {"ttft_p50_ratio": "median_ttft_ms", "ttft_p99_ratio": "p99_ttft_ms", 
 
 def app_config(args) -> dict:
     return {"model": {"model": args.model, "max_model_len": args.max_model_len, "kv_cache_memory_bytes": args.kv_bytes},
-            "replicas": {"min_replicas": 1, "max_replicas": 1, "num_cpus": 1.0}}
+            "replicas": {"min_replicas": 1, "max_replicas": 1, "num_cpus": float(os.cpu_count() or 1)}}
 
 
 def _env() -> dict:

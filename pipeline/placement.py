@@ -3,7 +3,8 @@
 Pure (no Ray calls): `replica_placement` turns the replica settings and the engine config into what
 the Serve deployment receives, so the bundles are unit-tested on a CPU machine.
 
-- CPU replica: the actor asks for `num_cpus` and no GPU; vLLM gets one OpenMP thread per process.
+- CPU replica: the actor asks for `num_cpus` and no GPU; one CPU: one OpenMP thread, vLLM's "uni"
+  executor; more: vLLM's "mp" executor and thread set-up, as `vllm serve` runs (`cpu_engine_env`).
 - One-GPU replica (tensor x pipeline parallel = 1): the actor asks for one GPU; Ray sets its
   CUDA_VISIBLE_DEVICES and vLLM runs its single worker there.
 - Multi-GPU replica (TP x PP = N > 1), the way Ray Serve LLM places one: a placement group of N
@@ -23,6 +24,18 @@ from engine.config import EngineConfig, EngineConfigError
 CPU_ENGINE_ENV = {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                   "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
+
+
+def cpu_engine_env(num_cpus: float) -> dict:
+    """The replica's environment. One CPU: the "uni" executor and one OpenMP thread (above). Two or
+    more: what `vllm serve` runs on CPU, vLLM's "mp" executor (the model in a worker process, the
+    scheduler beside it) with vLLM's own thread set-up (a thread per core of the node, pinned), for a
+    replica that has its node's cores to itself. Measured on 2 cores with `vllm bench serve` at 1
+    request/s (chat, TTFT P50): one thread 3.0-3.4 s; two pinned 2.0 s; two unpinned 2.7 s.
+    """
+    if max(1, int(num_cpus)) == 1:
+        return dict(CPU_ENGINE_ENV)
+    return {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
 @dataclass(frozen=True)
@@ -53,7 +66,7 @@ def replica_placement(engine: EngineConfig, *, use_gpu: bool, num_cpus: float, r
         if engine.num_devices > 1 and engine.distributed_executor_backend in (None, "uni"):
             raise EngineConfigError("a CPU replica with tensor/pipeline parallelism needs "
                                     "distributed_executor_backend 'mp'")
-        options = {"num_cpus": num_cpus, "num_gpus": 0, "runtime_env": {"env_vars": dict(CPU_ENGINE_ENV)}}
+        options = {"num_cpus": num_cpus, "num_gpus": 0, "runtime_env": {"env_vars": cpu_engine_env(num_cpus)}}
         return ReplicaPlacement(_with_resources(options, resources), None, None, engine)
     if engine.platform == "cpu":
         raise EngineConfigError("replicas.use_gpu = true contradicts engine platform 'cpu'")

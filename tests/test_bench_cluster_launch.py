@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cluster_launch import final_event, serve_config, targets_met
+from bench.cluster_launch import app_args, final_event, serve_config, serve_yaml_retrievers, targets_met
 from bench.fake_cluster import FAKE_HEAD_TYPE, PROVIDER, cpu_resources, fake_cluster_config, load_cluster_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,9 +56,16 @@ def test_serve_config_file_is_valid_and_builds_the_app():
 
     from pipeline.app import app_builder
 
-    schema = ServeDeploySchema.model_validate(serve_config(8123))
-    assert schema.applications[0].import_path == "pipeline.app:app_builder"
-    app_builder(dict(schema.applications[0].args))
+    for pools_anywhere in (False, True):
+        schema = ServeDeploySchema.model_validate(serve_config(8123, app_args(pools_anywhere)))
+        assert schema.applications[0].import_path == "pipeline.app:app_builder"
+        app_builder(dict(schema.applications[0].args))
+
+
+def test_the_retriever_pools_go_where_the_production_serve_config_puts_them():
+    retrievers = app_args()["retrievers"]
+    assert retrievers["warm_pools"] and retrievers["resources"] == serve_yaml_retrievers()["resources"]
+    assert "resources" not in app_args(pools_anywhere=True)["retrievers"]
 
 
 def test_final_event_and_targets():

@@ -22,6 +22,14 @@ def test_defaults_are_local_cpu_smollm2_and_the_engine_config_is_embedded():
     assert c.engine_config() == EngineConfig()  # the same class and defaults, not a mirror
 
 
+def test_a_cpu_replica_of_several_cpus_runs_as_vllm_serve_does():
+    env = AppConfig.model_validate({"replicas": {"num_cpus": 2}}).placement().ray_actor_options["runtime_env"]
+    # vLLM's "mp" executor and its own thread set-up; no single-thread override
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env["env_vars"] and "OMP_NUM_THREADS" not in env["env_vars"]
+    one = AppConfig.model_validate({"replicas": {"num_cpus": 1.5}}).placement().ray_actor_options["runtime_env"]
+    assert one["env_vars"]["OMP_NUM_THREADS"] == "1" and one["env_vars"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
 def test_engine_section_round_trips_through_json_as_the_replica_receives_it():
     c = AppConfig.model_validate({"model": {"model": "tiny", "tensor_parallel_size": 1, "block_size": 64}})
     again = AppConfig.model_validate(c.model_dump(mode="json"))
