@@ -226,7 +226,7 @@ def drive(base: str, min_workers: int) -> dict:
         "moves": view["moves"],
         "scaled_back_replicas": replicas_down, "scaled_back_nodes": nodes_down,
         "worker_nodes_after": len(worker_nodes()), "running_replicas_after": running_replicas(),
-        "actors_on_worker_nodes_after": {("new " if node in new else "") + node[:8]: names
+        "actors_on_worker_nodes_after": {("new " if node in new else "") + node[-8:]: names
                                          for node, names in actors_after.items()},
         "sessions_after": pressure["sessions"], "queued_after": pressure["queued"],
         "load_end_s": round(load_end, 1), "failures": [r for r in results if r and r[0] not in ("answered", "rejected")],
