@@ -25,7 +25,9 @@ class ReplicaSettings(_Section):
         "Run replicas on GPUs: tensor_parallel_size x pipeline_parallel_size GPUs each."))
     placement_strategy: str = Field("STRICT_PACK", description=(
         "Ray placement strategy of a multi-GPU replica's bundles (STRICT_PACK keeps it on one node)."))
-    num_cpus: float = Field(1.0, ge=0, description="CPUs per replica (1 on a 2-core machine).")
+    num_cpus: float = Field(1.0, ge=0, description=(
+        "CPUs per replica (1 on a 2-core machine). A CPU replica of 2 or more runs vLLM's \"mp\" executor "
+        "with a pinned OpenMP thread per core of its node, as `vllm serve` does: give it the node's cores."))
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources.")
     max_ongoing_requests: int = Field(256, gt=0, description="Concurrent calls per replica.")
     report_interval_s: float = Field(1.0, gt=0, description="Replica -> scheduler report period.")
