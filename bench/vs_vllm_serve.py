@@ -92,7 +92,7 @@ def _healthy(base: str) -> bool:
 def our_app(config):
     from pipeline.run.local import local_app
 
-    with local_app(config, num_cpus=2, ready_timeout_s=400) as base:
+    with local_app(config, num_cpus=int(config.replicas.num_cpus), ready_timeout_s=400) as base:
         yield base
 
 

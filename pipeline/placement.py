@@ -30,12 +30,11 @@ def cpu_engine_env(num_cpus: float) -> dict:
     """The replica's environment. One CPU: the "uni" executor and one OpenMP thread (above). Two or
     more: what `vllm serve` runs on CPU, vLLM's "mp" executor (the model in a worker process, the
     scheduler beside it) with vLLM's own thread set-up (a thread per core of the node, pinned), for a
-    replica that has its node's cores to itself. Measured on 2 cores with `vllm bench serve` at 1
-    request/s (chat, TTFT P50): one thread 3.0-3.4 s; two pinned 2.0 s; two unpinned 2.7 s.
+    replica that has its node's cores to itself; bench.vs_vllm_serve compares the two servers so.
     """
-    if max(1, int(num_cpus)) == 1:
+    if num_cpus < 2:
         return dict(CPU_ENGINE_ENV)
-    return {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    return {"VLLM_CPU_NUM_OF_RESERVED_CPU": CPU_ENGINE_ENV["VLLM_CPU_NUM_OF_RESERVED_CPU"]}
 
 
 @dataclass(frozen=True)
