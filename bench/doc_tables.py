@@ -439,6 +439,21 @@ def vs_vllm_serve(data: dict) -> str:
     s = data["summary"]
     worst = ", ".join(f"{k} {num(v)}" + (f" (target {s['targets'][k]}: {'met' if s['met'][k] else 'MISSED'})"
                                          if k in s["targets"] else "") for k, v in s["worst"].items())
-    return "\n".join([table(["route", "req/s", "TTFT p50 ours / vLLM", "TTFT p50 ratio", "TTFT p99 ratio",
-                             "TPOT p50 ours / vLLM", "TPOT p50 ratio", "throughput ratio", "vLLM drift"], rows), "",
-                      f"Worst over cells: {worst}; failed requests {s['failed_requests']}."])
+    parts = [table(["route", "req/s", "TTFT p50 ours / vLLM", "TTFT p50 ratio", "TTFT p99 ratio",
+                    "TPOT p50 ours / vLLM", "TPOT p50 ratio", "throughput ratio", "vLLM drift"], rows), "",
+             f"Worst over cells: {worst}; failed requests {s['failed_requests']}."]
+    if "cpu_by_process" in data:
+        parts += ["", _cpu_by_process(data["cpu_by_process"])]
+    return "\n".join(parts)
+
+
+def _cpu_by_process(phases: dict) -> str:
+    """CPU seconds per process role (rows, by their largest figure) in each phase's measured runs."""
+    names = list(phases)
+    roles = sorted({r for p in phases.values() for r in p["cpu_s"]},
+                   key=lambda r: -max(p["cpu_s"].get(r, 0.0) for p in phases.values()))
+    rows = [["wall seconds", *(num(phases[n]["wall_s"]) for n in names)]]
+    rows += [[f"`{r}`", *(num(phases[n]["cpu_s"].get(r, 0.0)) for n in names)] for r in roles]
+    rows.append(["all processes", *(num(sum(phases[n]["cpu_s"].values())) for n in names)])
+    return ("CPU seconds per process role over each phase's measured runs (`bench.process_cpu`; every "
+            "process on the machine, `other` being the rest):\n\n" + table(["process role", *names], rows))

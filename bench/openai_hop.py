@@ -32,7 +32,7 @@ import httpx
 
 from bench.results_meta import ROOT, engine_dtype, start_run, write_results
 from bench.stats import percentile
-from bench.vs_vllm_serve import MODEL_NAME, app_config, plain_vllm_serve
+from bench.vs_vllm_serve import MODEL_NAME, add_env_argument, app_config, parse_env, plain_vllm_serve
 
 
 def _prompt(rng: random.Random, tokens: int) -> list[int]:
@@ -149,11 +149,10 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vllm", action="store_true", help="also plain `vllm serve` (after ours)")
-    p.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="environment set before Ray starts (Ray Serve settings to compare)")
+    add_env_argument(p)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "openai_hop.json"))
     args = p.parse_args(argv)
-    os.environ.update(kv.split("=", 1) for kv in args.env)
+    os.environ.update(parse_env(args.env))
     from pipeline.config import AppConfig
 
     config = AppConfig.model_validate(app_config(args))

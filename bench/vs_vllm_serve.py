@@ -2,6 +2,7 @@
 
     python -m bench.vs_vllm_serve                       # SmolLM2, rates 0.5 and 1 req/s, 24 prompts each
     python -m bench.vs_vllm_serve --num-prompts 8 --rates 1 2 --out /tmp/quick.json
+    python -m bench.vs_vllm_serve --env RAY_SERVE_CONTROL_LOOP_INTERVAL_S=1 --out /tmp/try.json  # a Ray setting tried
 
 Our one engine replica reserves the machine's CPUs, as `vllm serve` takes them all: it then runs vLLM's
 "mp" executor and thread set-up as `vllm serve` does (`pipeline.placement.cpu_engine_env`).
@@ -12,13 +13,16 @@ Ratios are ours / the mean of the two vLLM phases, per cell and worst over cells
 `ttft_p50_ratio`, `ttft_p99_ratio`, `tpot_p50_ratio`, `throughput_ratio` (output tokens/s).
 Targets: TTFT P50 ratio <= 1.10, throughput ratio >= 0.95. `vllm_drift` is vLLM's second phase over
 its first (TTFT P50): how much the machine moved during the run. Each `vllm bench serve` result file
-is kept (its scalar fields and errors).
+is kept (its scalar fields and errors). `cpu_by_process` is each phase's CPU seconds per process
+role over its measured runs (`bench.process_cpu`): on a machine the servers share with nothing,
+where the CPU went besides the model.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -30,6 +34,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.process_cpu import cpu_by_role, snapshot
 from bench.results_meta import ROOT, engine_dtype, start_run, write_results
 
 ROUTES = {"chat": ("openai-chat", "/v1/chat/completions"), "completions": ("openai", "/v1/completions")}
@@ -42,6 +47,19 @@ METRICS = {"ttft_p50_ratio": "median_ttft_ms", "ttft_p99_ratio": "p99_ttft_ms", 
 def app_config(args) -> dict:
     return {"model": {"model": args.model, "max_model_len": args.max_model_len, "kv_cache_memory_bytes": args.kv_bytes},
             "replicas": {"min_replicas": 1, "max_replicas": 1, "num_cpus": float(os.cpu_count() or 1)}}
+
+
+def add_env_argument(parser: argparse.ArgumentParser, more: str = "") -> None:
+    """`--env KEY=VALUE ...`: environment for our app's Ray, set before it starts."""
+    parser.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="environment set before our app's Ray starts (Ray Serve settings to compare)" + more)
+
+
+def parse_env(pairs: list[str]) -> dict:
+    bad = [kv for kv in pairs if "=" not in kv]
+    if bad:
+        raise SystemExit(f"--env takes KEY=VALUE, got {bad}")
+    return dict(kv.split("=", 1) for kv in pairs)
 
 
 def _env() -> dict:
@@ -89,11 +107,22 @@ def _healthy(base: str) -> bool:
 
 
 @contextlib.contextmanager
-def our_app(config):
+def our_app(config, env: dict | None = None):
+    """Our app on a local Ray started here; `env` is set before Ray starts (Ray Serve settings to
+    compare) and taken back after."""
     from pipeline.run.local import local_app
 
-    with local_app(config, num_cpus=int(config.replicas.num_cpus), ready_timeout_s=400) as base:
-        yield base
+    saved = {key: os.environ.get(key) for key in env or {}}
+    os.environ.update(env or {})
+    try:
+        with local_app(config, num_cpus=int(config.replicas.num_cpus), ready_timeout_s=400) as base:
+            yield base
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def bench_serve(base: str, route: str, rate: float, tokenizer: str, args, out_dir: Path) -> dict:
@@ -136,12 +165,15 @@ def run(args) -> dict:
     config = AppConfig.model_validate(app_config(args))
     tokenizer = resolve_model(args.model)
     cells = [(route, rate) for route in args.routes for rate in args.rates]
-    phases = []
+    phases, cpu = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, server in (("vllm_first", plain_vllm_serve), ("ours", our_app), ("vllm_second", plain_vllm_serve)):
+        ours = functools.partial(our_app, env=parse_env(args.env))
+        for name, server in (("vllm_first", plain_vllm_serve), ("ours", ours), ("vllm_second", plain_vllm_serve)):
             with server(config) as base:
                 bench_serve(base, args.routes[0], args.rates[-1], tokenizer, _warmup(args), Path(tmp))
+                before, started = snapshot(), time.monotonic()
                 phases.append({cell: bench_serve(base, *cell, tokenizer, args, Path(tmp)) for cell in cells})
+                cpu[name] = {"wall_s": round(time.monotonic() - started, 1), "cpu_s": cpu_by_role(before, snapshot())}
                 print(f"[vs_vllm_serve] {name}: " + ", ".join(
                     f"{r}@{q}: TTFT p50 {v['median_ttft_ms']:.0f} ms" for (r, q), v in phases[-1].items()), flush=True)
     out = []
@@ -149,7 +181,8 @@ def run(args) -> dict:
         first, ours, second = (p[cell] for p in phases)
         out.append({"route": cell[0], "request_rate": cell[1], "ratios": ratios(ours, first, second),
                     "vllm_first": first, "ours": ours, "vllm_second": second})
-    return {"settings": {**vars(args), "engine": app_config(args)["model"]}, "cells": out, "summary": summarize(out)}
+    return {"settings": {**vars(args), "engine": app_config(args)["model"]}, "cells": out, "summary": summarize(out),
+            "cpu_by_process": cpu}
 
 
 def _warmup(args):
@@ -168,6 +201,7 @@ def main(argv=None) -> None:
     p.add_argument("--input-len", type=int, default=200)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    add_env_argument(p, "; vllm serve runs without it")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "vs_vllm_serve.json"))
     args = p.parse_args(argv)
     meta = start_run(model=args.model, dtype=engine_dtype(None), seeds=[args.seed])
