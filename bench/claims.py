@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import reduce
 
 from bench.doc_tables import MISSING, num, table
+from bench.doc_tables import provenance as doc_provenance
 from bench.results_meta import META_KEY
 
 Getter = Callable[[dict], object]
@@ -222,7 +223,10 @@ def render(*datas: dict) -> str:
                  [row(c, by_file[c.results]) for c in CLAIMS])
 
 
-def provenance(*datas: dict) -> str:
-    """One line for the block: each row names its file; each file's run is on its own table below."""
-    return (f"Results: `bench/results/` ({len(datas)} files, one per row as named); each file's commit, "
-            "date, machine and seeds are under its benchmark's table (here or in docs/BENCHMARKS_COMPONENTS.md).")
+def provenance(datas: dict[str, dict], shown_elsewhere: set[str]) -> str:
+    """The block's provenance: each row names its file (`datas`: file -> its JSON); a file with a table
+    of its own (`shown_elsewhere`) has its run under that table, the others get their line here."""
+    line = (f"Results: `bench/results/` ({len(datas)} files, one per row as named); each file's commit, "
+            "date, machine and seeds are under its benchmark's table (here or in docs/BENCHMARKS_COMPONENTS.md)")
+    own = [f"- {doc_provenance(name, data)}" for name, data in datas.items() if name not in shown_elsewhere]
+    return line + (", or here for the files without one:\n\n" + "\n".join(own) if own else ".")

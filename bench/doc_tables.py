@@ -65,7 +65,7 @@ def provenance(name: str, data: dict) -> str:
     parts += [str(meta[k]) for k in ("model", "dtype") if meta.get(k)]
     parts += [f"no {k}" for k in ("model", "dtype") if META_KEY in data and k in data[META_KEY] and data[META_KEY][k] is None]
     if meta.get("seeds") is not None:
-        parts.append(f"seeds {meta['seeds']}")
+        parts.append(f"seeds {meta['seeds']}" if meta["seeds"] else "no seeds")
     line = f"Results: `bench/results/{name}`" + (f"; {', '.join(parts)}" if parts else "")
     missing = [k for k in missing_metadata(data) if not meta.get(k)]
     if missing:
@@ -121,7 +121,13 @@ def engine_load(data: dict) -> str:
             f"{num(summary['stream_vs_oneshot_worst_ratio'])} (target <= 1.0; as a ratio of medians "
             f"{num(summary['stream_vs_oneshot_worst_ratio_of_medians'])}), `light_load_speedup_p50` "
             f"{num(summary['light_load_speedup_p50'])} (target >= 3), `tailguard_lowest_p99` "
-            f"{num(summary['tailguard_lowest_p99'])} (seeds won per top level: {summary['tailguard_p99_lowest_seeds']}).")
+            f"{num(summary['tailguard_lowest_p99'])} (seeds won per top level: "
+            f"{_per_level(summary['tailguard_p99_lowest_seeds'])}).")
+
+
+def _per_level(counts: dict) -> str:
+    """`{"2.0": 1}` as "QPS 2: 1" (a line a reader sees, not a Python dict)."""
+    return ", ".join(f"QPS {num(float(level))}: {n}" for level, n in counts.items()) or "none"
 
 
 def central(data: dict) -> str:
@@ -447,13 +453,18 @@ def vs_vllm_serve(data: dict) -> str:
     return "\n".join(parts)
 
 
-def _cpu_by_process(phases: dict) -> str:
-    """CPU seconds per process role (rows, by their largest figure) in each phase's measured runs."""
+def _cpu_by_process(phases: dict, top: int = 8) -> str:
+    """CPU seconds per process role in each phase's measured runs: a row per phase, a column per role
+    (the `top` roles by their largest figure; the others summed)."""
     names = list(phases)
     roles = sorted({r for p in phases.values() for r in p["cpu_s"]},
                    key=lambda r: -max(p["cpu_s"].get(r, 0.0) for p in phases.values()))
-    rows = [["wall seconds", *(num(phases[n]["wall_s"]) for n in names)]]
-    rows += [[f"`{r}`", *(num(phases[n]["cpu_s"].get(r, 0.0)) for n in names)] for r in roles]
-    rows.append(["all processes", *(num(sum(phases[n]["cpu_s"].values())) for n in names)])
-    return ("CPU seconds per process role over each phase's measured runs (`bench.process_cpu`; every "
-            "process on the machine, `other` being the rest):\n\n" + table(["process role", *names], rows))
+    shown = roles[:top]
+    rows = []
+    for name in names:
+        cpu = phases[name]["cpu_s"]
+        rest = sum(v for r, v in cpu.items() if r not in shown)
+        rows.append([name, num(phases[name]["wall_s"]), *(num(cpu.get(r, 0.0)) for r in shown), num(rest),
+                     num(sum(cpu.values()))])
+    return ("CPU seconds per process role over each phase's measured runs (`bench.process_cpu`: every "
+            "process on the machine):\n\n" + table(["phase", "wall s", *(f"`{r}`" for r in shown), "the rest", "all"], rows))

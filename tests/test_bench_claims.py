@@ -49,3 +49,14 @@ def test_machine_names_cpu_bf16_and_dtype_where_recorded():
     meta = {"meta": {"machine": {"cpu_model": "AMD EPYC", "cpu_bf16": False}, "dtype": "float32"}}
     assert claims.machine(meta) == "AMD EPYC (no bf16), float32"
     assert claims.machine({"meta": {"machine": {}, "dtype": None}}) == "CPU not recorded"
+
+
+def test_a_claimed_file_without_a_table_of_its_own_gets_its_provenance_in_the_claims_block():
+    from bench.render_docs import REGISTRY, render_block
+
+    shown = {file for name, entry in REGISTRY.items() if name != "claims" for file in entry.files}
+    alone = [file for file in claims.files() if file not in shown]
+    assert alone, "test premise: some claimed file has no block of its own"
+    block = render_block("claims")
+    for file in claims.files():
+        assert (f"- Results: `bench/results/{file}`; commit" in block) == (file in alone)
