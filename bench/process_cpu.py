@@ -30,7 +30,7 @@ ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("session_shards", ("ray::SessionShard",)),
     ("retriever_actors", ("ray::CrawlerActor", "ray::LocalSiteActor", "ray::VectorActor")),
     ("ray_gcs", ("gcs_server",)),
-    ("raylet", ("raylet",)),
+    ("raylet", ("raylet/raylet",)),  # its binary: other processes name its socket in their arguments
     ("ray_dashboard", ("dashboard",)),
     ("ray_idle_workers", ("ray::IDLE",)),
     ("ray_other", ("ray::", "/ray/", "ray start")),
