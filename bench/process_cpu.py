@@ -55,7 +55,7 @@ def snapshot() -> dict[int, tuple[str, float]]:
 
 
 def cpu_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
-    """CPU seconds per role between two snapshots, largest first (see module doc)."""
+    """CPU seconds per role between two snapshots, to /proc's 10 ms, largest first (see module doc)."""
     totals: dict[str, float] = {}
     for pid, (role, cpu) in after.items():
         earlier = before.get(pid)

@@ -47,4 +47,5 @@ def test_a_real_process_cpu_lands_under_its_role():
         child.wait(timeout=30)
     role, cpu = after[child.pid]
     assert role == "serve_controller" and cpu >= 0.25  # /proc counts in clock ticks: a little under 0.3
-    assert cpu_by_role(before, after)["serve_controller"] >= cpu  # the child and any other controller
+    # the child and any other controller; the sum is rounded to /proc's 10 ms as the figures are
+    assert cpu_by_role(before, after)["serve_controller"] >= round(cpu, 2)
