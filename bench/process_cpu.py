@@ -31,9 +31,9 @@ ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("retriever_actors", ("ray::CrawlerActor", "ray::LocalSiteActor", "ray::VectorActor")),
     ("ray_gcs", ("gcs_server",)),
     ("raylet", ("raylet/raylet",)),  # its binary: other processes name its socket in their arguments
-    ("ray_dashboard", ("dashboard",)),
+    ("ray_dashboard", ("dashboard",)),  # the head's dashboard; its per-node agent is `ray::DashboardAgent`
     ("ray_idle_workers", ("ray::IDLE",)),
-    ("ray_other", ("ray::", "/ray/", "ray start")),
+    ("ray_other", ("ray::", "/ray/", "ray start")),  # agents, monitors, other actors
 )
 
 
