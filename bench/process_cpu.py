@@ -4,9 +4,9 @@
 
 Every process on the machine is counted (a shared machine's other work shows as `other`), by the
 role its command line names (Ray and vLLM set process titles: `ray::ServeController`,
-`VLLM::EngineCore`; a Ray worker's title becomes its actor's). A process alive at both snapshots counts its difference; one started in
-between counts all of its CPU; one that exited in between is not counted (a benchmark client run
-as a subprocess, for one, is counted only while it lives).
+`VLLM::EngineCore`; a Ray worker's title becomes its actor's). A process alive at both snapshots
+counts its difference; one started in between counts all of its CPU; one that exited in between is
+not counted (a benchmark client run as a subprocess, for one, is counted only while it lives).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import psutil
 # vLLM engine core started by a Ray actor carries both in its environment but its own title.
 ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("vllm_worker", ("VLLM::Worker",)),
-    ("vllm_engine_core", ("VLLM::EngineCore", "EngineCore")),
+    ("vllm_engine_core", ("VLLM::EngineCore",)),
     ("vllm_api_server", ("engine.vllm_cli serve", "vllm serve", "VLLM::APIServer")),
     ("bench_client", ("bench serve",)),
     ("engine_replica", ("ServeReplica:stream2llm:EngineReplica",)),

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import httpx
 
@@ -112,17 +113,9 @@ def our_app(config, env: dict | None = None):
     compare) and taken back after."""
     from pipeline.run.local import local_app
 
-    saved = {key: os.environ.get(key) for key in env or {}}
-    os.environ.update(env or {})
-    try:
-        with local_app(config, num_cpus=int(config.replicas.num_cpus), ready_timeout_s=400) as base:
-            yield base
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with mock.patch.dict(os.environ, env or {}), \
+            local_app(config, num_cpus=int(config.replicas.num_cpus), ready_timeout_s=400) as base:
+        yield base
 
 
 def bench_serve(base: str, route: str, rate: float, tokenizer: str, args, out_dir: Path) -> dict:
