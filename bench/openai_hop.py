@@ -32,7 +32,8 @@ import httpx
 
 from bench.results_meta import ROOT, engine_dtype, start_run, write_results
 from bench.stats import percentile
-from bench.vs_vllm_serve import MODEL_NAME, add_env_argument, app_config, parse_env, plain_vllm_serve
+from bench.vs_vllm_serve import (MODEL_NAME, add_env_argument, add_server_arguments, app_config, parse_env,
+                                 plain_vllm_serve)
 
 
 def _prompt(rng: random.Random, tokens: int) -> list[int]:
@@ -141,9 +142,7 @@ def breakdown(p: dict) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--kv-bytes", type=int, default=256 << 20)
+    add_server_arguments(p)
     p.add_argument("--input-len", type=int, default=200)
     p.add_argument("--n", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)

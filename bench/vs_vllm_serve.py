@@ -3,9 +3,13 @@
     python -m bench.vs_vllm_serve                       # SmolLM2, rates 0.5 and 1 req/s, 24 prompts each
     python -m bench.vs_vllm_serve --num-prompts 8 --rates 1 2 --out /tmp/quick.json
     python -m bench.vs_vllm_serve --env RAY_SERVE_CONTROL_LOOP_INTERVAL_S=1 --out /tmp/try.json  # a Ray setting tried
+    python -m bench.vs_vllm_serve --reserved-cores 1 --out bench/results/vs_vllm_serve_reserved1.json
 
 Our one engine replica reserves the machine's CPUs, as `vllm serve` takes them all: it then runs vLLM's
-"mp" executor and thread set-up as `vllm serve` does (`pipeline.placement.cpu_engine_env`).
+"mp" executor and thread set-up as `vllm serve` does (`pipeline.placement.cpu_engine_env`, which gives
+both servers their environment). `--reserved-cores N` keeps N cores off the model's pinned threads in
+both servers, for the processes beside the model: the hop measured where it does not share the
+model's cores.
 Order A-B-A in one run (vLLM, ours, vLLM again) so drift shows; in each phase both routes
 (`/v1/chat/completions` with `--backend openai-chat`, `/v1/completions` with `--backend openai`) at
 every rate, random dataset (fixed seed), `--ignore-eos` so both servers generate the same tokens.
@@ -47,7 +51,18 @@ METRICS = {"ttft_p50_ratio": "median_ttft_ms", "ttft_p99_ratio": "p99_ttft_ms", 
 
 def app_config(args) -> dict:
     return {"model": {"model": args.model, "max_model_len": args.max_model_len, "kv_cache_memory_bytes": args.kv_bytes},
-            "replicas": {"min_replicas": 1, "max_replicas": 1, "num_cpus": float(os.cpu_count() or 1)}}
+            "replicas": {"min_replicas": 1, "max_replicas": 1, "num_cpus": float(os.cpu_count() or 1),
+                         "cpu_reserved_cores": args.reserved_cores}}
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model and engine settings both servers are given (`app_config`)."""
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--kv-bytes", type=int, default=256 << 20)
+    parser.add_argument("--reserved-cores", type=int, default=0,
+                        help="cores both servers keep off the model's pinned threads (replicas.cpu_reserved_cores, "
+                             "VLLM_CPU_NUM_OF_RESERVED_CPU): a machine with cores to spare for the serving layer")
 
 
 def add_env_argument(parser: argparse.ArgumentParser, more: str = "") -> None:
@@ -78,12 +93,14 @@ def plain_vllm_serve(config):
     """`vllm serve` (our CLI entry point: the CPU build) with the engine settings our replicas use."""
     from engine.engine_args import engine_kwargs
     from engine.vllm_cli import serve_cli_args
+    from pipeline.placement import cpu_engine_env
 
     port = _free_port()
     cmd = [sys.executable, "-m", "engine.vllm_cli", "serve", *serve_cli_args(engine_kwargs(config.engine_config())),
            "--host", "127.0.0.1", "--port", str(port)]
     log = tempfile.NamedTemporaryFile("w+", prefix="vllm_serve_", suffix=".log", delete=False)
-    proc = subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {**_env(), **cpu_engine_env(config.replicas.num_cpus, config.replicas.cpu_reserved_cores)}
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 400
@@ -185,9 +202,7 @@ def _warmup(args):
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--kv-bytes", type=int, default=256 << 20)
+    add_server_arguments(p)
     p.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0])
     p.add_argument("--routes", nargs="+", default=list(ROUTES), choices=list(ROUTES))
     p.add_argument("--num-prompts", type=int, default=24)

@@ -28,6 +28,11 @@ class ReplicaSettings(_Section):
     num_cpus: float = Field(1.0, ge=0, description=(
         "CPUs per replica (1 on a 2-core machine). A CPU replica of 2 or more runs vLLM's \"mp\" executor "
         "with a pinned OpenMP thread per core of its node, as `vllm serve` does: give it the node's cores."))
+    cpu_reserved_cores: int = Field(0, ge=0, description=(
+        "A CPU replica of num_cpus >= 2: cores of its node kept off the model's pinned OpenMP threads "
+        "(vLLM's VLLM_CPU_NUM_OF_RESERVED_CPU), left to Ray, the HTTP path and the actors beside the "
+        "model. 0: the model pins every core (vLLM's own default on x86 keeps one for its scheduler "
+        "process; set 1 for that)."))
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources.")
     max_ongoing_requests: int = Field(256, gt=0, description="Concurrent calls per replica.")
     report_interval_s: float = Field(1.0, gt=0, description="Replica -> scheduler report period.")
@@ -221,7 +226,8 @@ class AppConfig(_Section):
         """Actor options, placement bundles and the engine config of one engine replica."""
         r = self.replicas
         return replica_placement(self.model, use_gpu=r.use_gpu, num_cpus=r.num_cpus,
-                                 resources=r.resources, strategy=r.placement_strategy)
+                                 resources=r.resources, strategy=r.placement_strategy,
+                                 cpu_reserved_cores=r.cpu_reserved_cores)
 
     def engine_config(self) -> EngineConfig:
         """The engine config a replica builds (the executor set for its placement)."""

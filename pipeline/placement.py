@@ -26,15 +26,23 @@ CPU_ENGINE_ENV = {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 
 
-def cpu_engine_env(num_cpus: float) -> dict:
+def cpu_engine_env(num_cpus: float, reserved_cores: int = 0) -> dict:
     """The replica's environment. One CPU: the "uni" executor and one OpenMP thread (above). Two or
     more: what `vllm serve` runs on CPU, vLLM's "mp" executor (the model in a worker process, the
-    scheduler beside it) with vLLM's own thread set-up (a thread per core of the node, pinned), for a
-    replica that has its node's cores to itself; bench.vs_vllm_serve compares the two servers so.
+    scheduler beside it) with vLLM's own thread set-up (a thread per core of the node, pinned, but
+    for `reserved_cores` left to the processes beside the model: always passed, so the setting and not
+    vLLM's own default, one core per worker on x86, decides); bench.vs_vllm_serve gives `vllm serve`
+    the same environment.
     """
     if num_cpus < 2:
+        if reserved_cores:
+            raise EngineConfigError("replicas.cpu_reserved_cores needs a CPU replica of num_cpus >= 2 (one CPU "
+                                    "runs a single unpinned OpenMP thread: nothing to reserve)")
         return dict(CPU_ENGINE_ENV)
-    return {"VLLM_CPU_NUM_OF_RESERVED_CPU": CPU_ENGINE_ENV["VLLM_CPU_NUM_OF_RESERVED_CPU"]}
+    if reserved_cores >= num_cpus:
+        raise EngineConfigError(f"replicas.cpu_reserved_cores ({reserved_cores}) leaves the model no core of "
+                                f"the replica's {num_cpus:g}")
+    return {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(reserved_cores)}
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ class ReplicaPlacement:
 
 
 def replica_placement(engine: EngineConfig, *, use_gpu: bool, num_cpus: float, resources: dict,
-                      strategy: str = "STRICT_PACK") -> ReplicaPlacement:
+                      strategy: str = "STRICT_PACK", cpu_reserved_cores: int = 0) -> ReplicaPlacement:
     """Placement of one engine replica; contradictory settings raise EngineConfigError."""
     if strategy not in PLACEMENT_STRATEGIES:
         raise EngineConfigError(f"placement strategy must be one of {PLACEMENT_STRATEGIES}, got {strategy!r}")
@@ -65,10 +73,13 @@ def replica_placement(engine: EngineConfig, *, use_gpu: bool, num_cpus: float, r
         if engine.num_devices > 1 and engine.distributed_executor_backend in (None, "uni"):
             raise EngineConfigError("a CPU replica with tensor/pipeline parallelism needs "
                                     "distributed_executor_backend 'mp'")
-        options = {"num_cpus": num_cpus, "num_gpus": 0, "runtime_env": {"env_vars": cpu_engine_env(num_cpus)}}
+        env = cpu_engine_env(num_cpus, cpu_reserved_cores)
+        options = {"num_cpus": num_cpus, "num_gpus": 0, "runtime_env": {"env_vars": env}}
         return ReplicaPlacement(_with_resources(options, resources), None, None, engine)
     if engine.platform == "cpu":
         raise EngineConfigError("replicas.use_gpu = true contradicts engine platform 'cpu'")
+    if cpu_reserved_cores:
+        raise EngineConfigError("replicas.cpu_reserved_cores applies to CPU replicas (use_gpu = false)")
     if engine.num_devices == 1:
         options = _with_resources({"num_cpus": num_cpus, "num_gpus": 1}, resources)
         return ReplicaPlacement(options, None, None, engine)

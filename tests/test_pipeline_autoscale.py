@@ -16,7 +16,7 @@ import httpx
 import pytest
 from ray import serve
 
-from pipeline_fixtures import TINY_DTYPE, parse_sse, serve_app
+from pipeline_fixtures import TINY_DTYPE, parse_sse, serve_app, wait_until
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -161,7 +161,8 @@ def test_load_ramp_scales_up_then_down_and_loses_no_session(base):
     lingering.scaled_down.set()
     for t in threads:
         t.join(timeout=300)
-    time.sleep(1.0)
+    taken = len(watcher.samples)
+    wait_until(lambda: len(watcher.samples) > taken, timeout=60)  # one sample after every session ended
     watcher.stop.set()
     watcher.join()
     samples = watcher.samples

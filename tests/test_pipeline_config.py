@@ -28,6 +28,9 @@ def test_a_cpu_replica_of_several_cpus_runs_as_vllm_serve_does():
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env["env_vars"] and "OMP_NUM_THREADS" not in env["env_vars"]
     one = AppConfig.model_validate({"replicas": {"num_cpus": 1.5}}).placement().ray_actor_options["runtime_env"]
     assert one["env_vars"]["OMP_NUM_THREADS"] == "1" and one["env_vars"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["env_vars"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"  # every core pinned, as `vllm serve`
+    kept = AppConfig.model_validate({"replicas": {"num_cpus": 4, "cpu_reserved_cores": 1}}).placement()
+    assert kept.ray_actor_options["runtime_env"]["env_vars"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
 
 
 def test_engine_section_round_trips_through_json_as_the_replica_receives_it():
@@ -61,6 +64,9 @@ def test_tensor_parallel_replica_gets_one_bundle_per_gpu_and_the_ray_executor():
     {"replicas": {"use_gpu": False}, "model": {"platform": "cuda"}},
     {"replicas": {"use_gpu": True, "placement_strategy": "ANYWHERE"}, "model": {"tensor_parallel_size": 2}},
     {"model": {"tensor_parallel_size": 0}},
+    {"replicas": {"num_cpus": 1, "cpu_reserved_cores": 1}},  # one unpinned thread: nothing to reserve
+    {"replicas": {"num_cpus": 2, "cpu_reserved_cores": 2}},  # no core left to the model
+    {"replicas": {"use_gpu": True, "cpu_reserved_cores": 1}},  # a CPU-engine setting on a GPU replica
     {"model": {"gpu_memory_utilization": 1.5}},
     {"model": {"unknown_engine_field": 1}},
 ])

@@ -283,13 +283,15 @@ def test_metrics_and_health(base):
     s = open_stream(base)
     # Streams of the same type opened right after: from the slots the earlier admissions asked for.
     # A slot is used within 1 s of being asked for, so a slow open on a loaded machine may let one
-    # go stale: open up to four, stop at the first admitted from a slot.
+    # go stale: keep opening until one is admitted from a slot, against a deadline, not a count.
     from_slots = 'stream2llm_admissions{path="slot"}'
-    for _ in range(4):
+
+    def opened_one_from_a_slot() -> bool:
         extra = open_stream(base)
         httpx.delete(f"{base}/v1/streams/{extra['session_id']}", timeout=30)
-        if _metric(httpx.get(f"{base}/metrics", timeout=30).text, from_slots) > _metric(before, from_slots):
-            break
+        return _metric(httpx.get(f"{base}/metrics", timeout=30).text, from_slots) > _metric(before, from_slots)
+
+    wait_until(opened_one_from_a_slot, timeout=120, interval=0)
     append(base, s["session_id"], "context " * 20)
     finish(base, s["session_id"])
     assert post(base, "/v1/streams", {"source_type": "huge"}).status_code == 429  # larger than any replica

@@ -10,6 +10,7 @@ The last two tests remove a worker node each (its replica dies with it; the last
 first), so the file keeps its order in random-order runs.
 """
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -186,6 +187,8 @@ def test_worker_node_removed_under_load_every_session_is_answered_or_rejected(mu
     for sid, node in opened:
         kind, final = outcomes[sid]
         assert kind in ("answered", 429), (sid, node, outcomes[sid])
+        if kind == 429:  # refused for room, as a client can act on: when to retry, and why
+            assert node == victim and final["retry_after"] >= 1 and final["reason"], final
         if kind == "answered":
             assert final["chunks"] == 2 and final["output_tokens"] >= 1, final
             assert final["node_id"] == node or final["recovered"] is True, final
@@ -211,5 +214,8 @@ def _finish(base: str, sid: str, outcomes: dict, started: dict) -> None:
     events = parse_sse(body) if r.status_code == 200 else []
     if events and events[-1][0] == "final":
         outcomes[sid] = ("answered", events[-1][1])
+    elif r.status_code == 429:
+        outcomes[sid] = (429, {"retry_after": int(r.headers.get("Retry-After", 0)),
+                               "reason": json.loads(body).get("reason")})
     else:
         outcomes[sid] = (r.status_code, body[-400:])
