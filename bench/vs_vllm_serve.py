@@ -79,7 +79,7 @@ def parse_env(pairs: list[str]) -> dict:
 
 
 def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
 def _free_port() -> int:

@@ -29,10 +29,10 @@ PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 def cpu_engine_env(num_cpus: float, reserved_cores: int = 0) -> dict:
     """The replica's environment. One CPU: the "uni" executor and one OpenMP thread (above). Two or
     more: what `vllm serve` runs on CPU, vLLM's "mp" executor (the model in a worker process, the
-    scheduler beside it) with vLLM's own thread set-up (a thread per core of the node, pinned, but
-    for `reserved_cores` left to the processes beside the model: always passed, so the setting and not
-    vLLM's own default, one core per worker on x86, decides); bench.vs_vllm_serve gives `vllm serve`
-    the same environment.
+    scheduler beside it) with vLLM's own thread set-up: a pinned thread per core of the node but for
+    `reserved_cores`, which are left to the processes beside the model. Always set, so that vLLM's own
+    default (one core per worker on x86) never decides. bench.vs_vllm_serve gives `vllm serve` this
+    environment too.
     """
     if num_cpus < 2:
         if reserved_cores:
