@@ -50,9 +50,12 @@ METRICS = {"ttft_p50_ratio": "median_ttft_ms", "ttft_p99_ratio": "p99_ttft_ms", 
 
 
 def app_config(args) -> dict:
+    """Our app as an OpenAI-only deployment runs it: no retriever pools started ahead of a RAG request
+    (`retrievers.warm_pools`; session shards start with their first session anyway)."""
     return {"model": {"model": args.model, "max_model_len": args.max_model_len, "kv_cache_memory_bytes": args.kv_bytes},
             "replicas": {"min_replicas": 1, "max_replicas": 1, "num_cpus": float(os.cpu_count() or 1),
-                         "cpu_reserved_cores": args.reserved_cores}}
+                         "cpu_reserved_cores": args.reserved_cores},
+            "retrievers": {"warm_pools": False}}
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:

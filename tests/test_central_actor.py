@@ -247,7 +247,7 @@ def test_session_shards_take_a_redeploys_ttl(local_ray, central_name):
         assert (await first.get("s1", for_change=False))[0].replica_id == "r1"
         issued = time.time()
         store(0.5)  # the redeploy: the same named shard, a shorter TTL
-        first._shards[0].configure.remote(300.0, issued - 1.0)  # an older deployment's, arriving late
+        first.started_shards()[0].configure.remote(300.0, issued - 1.0)  # an older deployment's, arriving late
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -258,6 +258,36 @@ def test_session_shards_take_a_redeploys_ttl(local_ray, central_name):
         return False
 
     assert asyncio.run(scenario()), "the record outlived the redeploy's TTL"
+
+
+def test_a_session_shard_starts_with_its_first_session(local_ray, central_name):
+    """Lookups, counts and changes of unknown sessions start no shard (OpenAI-only traffic runs
+    none); the first session starts its shard, which another store (another ingress) then finds."""
+    from pipeline.errors import SessionGone
+    from pipeline.sessions.log import SessionLog
+    from pipeline.sessions.store import SessionStore, shard_index, shard_name
+
+    data = {"scheduler": {"actor_name": central_name}, "ingress": {"session_shards": 4}}
+    store = SessionStore(AppConfig.model_validate(data))
+
+    async def unknown_then_one():
+        with pytest.raises(SessionGone):
+            await store.get("nobody", for_change=False)
+        with pytest.raises(SessionGone):
+            await store.finish("nobody")
+        assert not await store.drop("nobody") and await store.begin_move("nobody", "r1") is None
+        assert await store.count() == 0 and store.started_shards() == []
+        await store.add(SessionLog("s1", "client", "r1"))
+        return await store.count()
+
+    assert asyncio.run(unknown_then_one()) == 1
+    started = shard_name(central_name, shard_index("s1", 4))
+    named = {actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)}
+    assert [shard_name(central_name, i) for i in range(4) if shard_name(central_name, i) in named] == [started]
+    other = SessionStore(AppConfig.model_validate(data))  # another ingress: finds the started shard
+    assert asyncio.run(other.get("s1", for_change=False))[0].replica_id == "r1"
+    for shard in other.started_shards():
+        ray.kill(shard, no_restart=True)
 
 
 def test_a_killed_session_shard_restarts_with_its_records(local_ray, central_name):
@@ -288,13 +318,13 @@ def test_a_killed_session_shard_restarts_with_its_records(local_ray, central_nam
         return log, duplicate
 
     asyncio.run(before())
-    pid = ray.get(store._shards[0].__ray_call__.remote(lambda self: os.getpid()))
-    ray.kill(store._shards[0], no_restart=False)
+    pid = ray.get(store.started_shards()[0].__ray_call__.remote(lambda self: os.getpid()))
+    ray.kill(store.started_shards()[0], no_restart=False)
     log, duplicate = asyncio.run(after())  # the call waits for the restart (max_task_retries)
-    assert ray.get(store._shards[0].__ray_call__.remote(lambda self: os.getpid())) != pid
+    assert ray.get(store.started_shards()[0].__ray_call__.remote(lambda self: os.getpid())) != pid
     assert duplicate and log.ops == [(ContextOp.APPEND, "the context")]
     assert log.sources == [{"title": "cited"}] and log.context_tokens == 7 and log.replica_id == "r1"
-    ray.kill(store._shards[0], no_restart=True)
+    ray.kill(store.started_shards()[0], no_restart=True)
 
 
 def test_posted_release_does_not_wait_and_a_failed_batch_fails_only_its_admissions(caplog):

@@ -25,7 +25,7 @@ def config(local_ray):
     """Shards of their own (named after a fresh central actor name), killed after the test."""
     data = {"scheduler": {"actor_name": f"test_claims_{uuid.uuid4().hex[:8]}"}, "ingress": {"session_shards": 1}}
     yield data
-    for shard in SessionStore(AppConfig.model_validate(data))._shards:
+    for shard in SessionStore(AppConfig.model_validate(data)).started_shards():
         ray.kill(shard, no_restart=True)
 
 

@@ -2,8 +2,9 @@
 session and an ingress death loses nothing.
 
 Records live in `SessionShard` actors (detached, named, on the head node like the central
-scheduler); a session's shard is chosen by a hash of its id, so the load spreads over the shards
-and no actor sees every chunk of the cluster. A record holds what recovery needs: the replica,
+scheduler; each started by the first session it holds, so OpenAI-only traffic runs none); a
+session's shard is chosen by a hash of its id, so the load spreads over the shards and no actor
+sees every chunk of the cluster. A record holds what recovery needs: the replica,
 the client's context changes in order (text; replayed on another replica if the replica dies), the
 citations, the last client sequence number and, once the answer started, the finished mark (a
 second finish is refused). Records idle past the session TTL are dropped, as the replicas drop
@@ -231,6 +232,14 @@ def shard_name(scheduler_name: str, index: int) -> str:
     return f"{scheduler_name}_sessions_{index}"
 
 
+def _existing(name: str):
+    """The named shard's handle, or None when nobody has started it."""
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
 def shard_index(session_id: str, shards: int) -> int:
     """Which of `shards` shards holds the session's record: a hash of its id."""
     digest = hashlib.blake2b(session_id.encode(), digest_size=4).digest()
@@ -241,31 +250,60 @@ class SessionStore:
     """The ingress's view of the shards: async calls, `SessionLog`s in and out."""
 
     def __init__(self, config, owner: str | None = None):
-        """`owner`: this ingress replica's actor name (what the shards ask about a claim it holds)."""
-        settings, placement = config.ingress, control_placement()
+        """`owner`: this ingress replica's actor name (what the shards ask about a claim it holds).
+        A shard starts with the first session it holds: a deployment that serves no streaming-input
+        session (OpenAI routes only) runs none. Shards that already exist (a redeploy's) are adopted
+        now, so the redeploy's TTL reaches them at once."""
         self._owner = owner
-        self._shards = [
-            SessionShard.options(name=name, namespace=NAMESPACE,
-                                 lifetime="detached", get_if_exists=True, num_cpus=0,
-                                 **placement).remote(name, config.limits.session_ttl_s)
-            for name in (shard_name(config.scheduler.actor_name, i) for i in range(settings.session_shards))]
-        issued_at = time.time()
-        for shard in self._shards:  # a redeploy's TTL reaches shards that already existed
-            shard.configure.remote(config.limits.session_ttl_s, issued_at)
+        self._names = [shard_name(config.scheduler.actor_name, i) for i in range(config.ingress.session_shards)]
+        self._ttl_s, self._issued_at = config.limits.session_ttl_s, time.time()
+        self._placement = control_placement()
+        self._handles: dict[int, ray.actor.ActorHandle] = {}
+        for index in range(len(self._names)):
+            self._adopt(index, _existing(self._names[index]))
         self.max_chunks = config.limits.max_chunks_per_session
 
-    def _shard(self, session_id: str):
-        return self._shards[shard_index(session_id, len(self._shards))]
+    def _adopt(self, index: int, shard):
+        """Use `shard` (None: not started) as shard `index`; its TTL set to this deployment's."""
+        if shard is not None:
+            # configure calls from ingress replicas arrive in no set order: the latest issued wins
+            shard.configure.remote(self._ttl_s, self._issued_at)
+            self._handles[index] = shard
+        return shard
+
+    def _start(self, index: int):
+        name = self._names[index]
+        return self._adopt(index, SessionShard.options(name=name, namespace=NAMESPACE, lifetime="detached",
+                                                       get_if_exists=True, num_cpus=0, **self._placement
+                                                       ).remote(name, self._ttl_s))
+
+    async def _call(self, session_id: str, method: str, *args, absent=None, start: bool = False):
+        """`method` of the session's shard; `absent` when that shard has not started (it holds no
+        session), unless `start` (a new session) starts it."""
+        index = shard_index(session_id, len(self._names))
+        shard = self._handles.get(index)
+        if shard is None:  # a GCS round trip, until the shard is known here: off the event loop
+            shard = await asyncio.to_thread(self._start if start else self._find, index)
+            if shard is None:
+                return absent
+        return await getattr(shard, method).remote(*args)
+
+    def _find(self, index: int):
+        return self._adopt(index, _existing(self._names[index]))
+
+    def started_shards(self) -> list:
+        """The shards this store has started or found so far."""
+        return [self._handles[i] for i in sorted(self._handles)]
 
     async def add(self, log: SessionLog) -> None:
-        await self._shard(log.session_id).create.remote(_record(log))
+        await self._call(log.session_id, "create", _record(log), start=True)
 
     async def get(self, session_id: str, claim_seq: int | None = None,
                   for_change: bool = True) -> tuple[SessionLog, bool]:
         """The session and whether `claim_seq` marks a duplicate change (see `SessionShard.get`).
         A finished session, or the same change being applied through another ingress: 409 for a
         change (`for_change`); a finished one is else 404 like any closed session."""
-        record = await self._shard(session_id).get.remote(session_id, claim_seq, self._owner)
+        record = await self._call(session_id, "get", session_id, claim_seq, self._owner, absent={})
         if record.get("busy"):
             raise SessionConflict(f"change seq {claim_seq} of session {session_id} is being applied through "
                                   "another ingress; retry it to learn whether it was (duplicate: true)")
@@ -276,15 +314,15 @@ class SessionStore:
         return _log(record), bool(record.get("duplicate"))
 
     async def unclaim(self, log: SessionLog, claim_seq: int) -> None:
-        await self._shard(log.session_id).unclaim.remote(log.session_id, claim_seq)
+        await self._call(log.session_id, "unclaim", log.session_id, claim_seq)
 
     async def commit(self, log: SessionLog, op: tuple | None = None, sources: list[dict] | None = None) -> None:
         fields = {k: getattr(log, k) for k in ("replica_id", "node_id", "context_tokens", "recovered", "last_seq")}
-        if not await self._shard(log.session_id).commit.remote(log.session_id, op, sources, fields):
+        if not await self._call(log.session_id, "commit", log.session_id, op, sources, fields, absent=False):
             raise SessionGone(f"session {log.session_id!r} expired or was deleted meanwhile")
 
     async def finish(self, session_id: str) -> SessionLog:
-        record = await self._shard(session_id).finish.remote(session_id)
+        record = await self._call(session_id, "finish", session_id, absent={})
         if record.get("finished"):
             raise _finished(session_id)
         if not record:
@@ -292,11 +330,11 @@ class SessionStore:
         return _log(record)
 
     async def drop(self, session_id: str) -> bool:
-        return await self._shard(session_id).drop.remote(session_id)
+        return await self._call(session_id, "drop", session_id, absent=False)
 
     async def begin_move(self, session_id: str, from_replica: str, yield_to_changes: bool = False) -> SessionLog | None:
         """The session, marked moving, when `from_replica` holds it (see `SessionShard.begin_move`)."""
-        record = await self._shard(session_id).begin_move.remote(session_id, from_replica, yield_to_changes)
+        record = await self._call(session_id, "begin_move", session_id, from_replica, yield_to_changes)
         return _log(record) if record else None
 
     async def end_move(self, log: SessionLog | None, session_id: str = "") -> bool:
@@ -304,10 +342,14 @@ class SessionStore:
         sid = log.session_id if log is not None else session_id
         fields = None if log is None else {k: getattr(log, k) for k in ("replica_id", "node_id", "context_tokens",
                                                                           "recovered")}
-        return await self._shard(sid).end_move.remote(sid, fields)
+        return await self._call(sid, "end_move", sid, fields, absent=False)
 
     async def count(self) -> int:
-        return sum(await asyncio.gather(*(s.count.remote() for s in self._shards)))
+        """Records over every shard; one not started (here or by another process) holds none."""
+        missing = [i for i in range(len(self._names)) if i not in self._handles]
+        if missing:
+            await asyncio.to_thread(lambda: [self._find(i) for i in missing])
+        return sum(await asyncio.gather(*(s.count.remote() for s in self.started_shards())))
 
     def check_chunk_room(self, log: SessionLog) -> None:
         from pipeline.errors import LimitExceeded
