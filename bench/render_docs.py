@@ -63,6 +63,7 @@ REGISTRY: dict[str, Entry] = {
     "retrievers": Entry("retrievers.json", doc_tables.retrievers),
     "vs_vllm_serve": Entry("vs_vllm_serve.json", doc_tables.vs_vllm_serve),
     "vs_vllm_serve_reserved1": Entry("vs_vllm_serve_reserved1.json", doc_tables.vs_vllm_serve),
+    "vs_vllm_serve_control_loop_1s": Entry("vs_vllm_serve_control_loop_1s.json", doc_tables.vs_vllm_serve),
     "engine_policies": Entry("policies.json", doc_tables.engine_policies, doc_tables.engine_entry),
     "readme_figures": Entry(("engine_ttft.json", "engine_ttft_long_gap.json", "pipeline.json", "qa.json",
                              "reliability.json"), doc_tables.readme_figures),
