@@ -98,7 +98,9 @@ def test_ray_autoscaler_launches_a_node_for_a_replica_and_removes_it(tmp_path):
     assert report["nodes_launched"] >= 1, summary
     assert report["replicas_on_new_node"] >= 1 and report["answered_on_new_node"] >= 1, summary
     assert report["lost"] == 0 and not report["failures"], summary
-    assert report["answered"] >= 6 and report["rejected"] >= 1, summary
+    # whether the queue overflows (429) before the new node's replica starts is the launch's speed,
+    # not the code's: every session answered or refused, most answered
+    assert report["answered"] >= 6 and report["answered"] + report["rejected"] == report["sessions"], summary
     assert len(report["lingering"]) == 2 and all(v[0] == "answered" for v in report["lingering"].values()), summary
     assert report["moves"]["replayed"] == 0 and report["moves"]["moved"] >= 1, summary  # drained, not replayed
     assert report["scaled_back_replicas"] and report["scaled_back_nodes"], summary

@@ -58,7 +58,7 @@ def test_replicas_on_worker_nodes_and_control_plane_placed_by_resource_off_the_h
     # the session records too: a worker node's removal must not take them along (a shard starts
     # with its first session)
     opened = httpx.post(f"{base}/v1/streams", json={}, headers=AUTH, timeout=60)
-    assert opened.status_code == 200, opened.text
+    assert opened.status_code == 201, opened.text
     shards = [a for a in actors().values() if a["State"] == "ALIVE" and a["ActorClassName"].endswith("SessionShard")]
     assert shards and {a["Address"]["NodeID"] for a in shards} == {cpu_node}, shards
     httpx.delete(f"{base}/v1/streams/{opened.json()['session_id']}", headers=AUTH, timeout=60)
