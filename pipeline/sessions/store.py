@@ -260,7 +260,7 @@ class SessionStore:
         self._placement = control_placement()
         self._handles: dict[int, ray.actor.ActorHandle] = {}
         for index in range(len(self._names)):
-            self._adopt(index, _existing(self._names[index]))
+            self._find(index)
         self.max_chunks = config.limits.max_chunks_per_session
 
     def _adopt(self, index: int, shard):
